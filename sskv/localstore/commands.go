@@ -1,0 +1,311 @@
+package localstore
+
+import (
+	"strings"
+	"time"
+
+	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/sskv/internal/resp"
+	"github.com/dsslock/dsslock/sskv/internal/wire"
+)
+
+// request is one parsed state store request.
+type request struct {
+	args     [][]byte
+	ts       string // raw __ts
+	hasTS    bool
+	ft       string // raw __ft
+	hasFT    bool
+	clientID string
+	user     string
+}
+
+// result is what a request produced: the response payload and the version to
+// send as __ts (zero: no __ts).
+type result struct {
+	payload []byte
+	version hlc.Timestamp
+}
+
+func errResult(msg string) result {
+	return result{payload: resp.AppendError(nil, msg)}
+}
+
+var (
+	okPayload         = resp.AppendSimple(nil, "OK")
+	notAppliedPayload = resp.AppendInt(nil, -1)
+	zeroPayload       = resp.AppendInt(nil, 0)
+	onePayload        = resp.AppendInt(nil, 1)
+	nullPayload       = resp.AppendNull(nil)
+)
+
+// setOptions are the parsed options of a SET.
+type setOptions struct {
+	nx, nex bool
+	px      time.Duration
+}
+
+// parseSetOptions parses the options after SET key value.
+func parseSetOptions(opts [][]byte) (setOptions, bool) {
+	var o setOptions
+	for i := 0; i < len(opts); i++ {
+		switch string(opts[i]) {
+		case "NX":
+			if o.nx || o.nex {
+				return o, false
+			}
+			o.nx = true
+		case "NEX":
+			if o.nx || o.nex {
+				return o, false
+			}
+			o.nex = true
+		case "PX":
+			if o.px != 0 || i+1 >= len(opts) {
+				return o, false
+			}
+			i++
+			ms, ok := parseMillis(opts[i])
+			if !ok {
+				return o, false
+			}
+			o.px = time.Duration(ms) * time.Millisecond
+		default:
+			return o, false
+		}
+	}
+	return o, true
+}
+
+// maxMillis keeps PX within what a time.Duration can hold.
+const maxMillis = int64(1<<63-1) / int64(time.Millisecond)
+
+// parseMillis parses a positive whole number of milliseconds.
+func parseMillis(b []byte) (int64, bool) {
+	if len(b) == 0 {
+		return 0, false
+	}
+	var n int64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+		if n > maxMillis {
+			return 0, false
+		}
+	}
+	return n, n > 0
+}
+
+// arity checks the number of arguments of a known verb. It returns false for
+// an unknown verb.
+func arity(verb string, n int) (known, ok bool) {
+	switch verb {
+	case "SET":
+		return true, n >= 3 && n <= 6
+	case "GET", "DEL":
+		return true, n == 2
+	case "VDEL":
+		return true, n == 3
+	case "KEYNOTIFY":
+		return true, n == 2 || n == 3
+	}
+	return false, false
+}
+
+// execute runs one request. The caller holds s.mu; notifications produced by
+// the request are published before execute returns, so every watcher sees the
+// changes of a key in version order.
+func (s *Server) execute(cl clientRef, req *request) result {
+	verb := string(req.args[0])
+	known, ok := arity(verb, len(req.args))
+	if !known {
+		return errResult(wire.MsgUnknownCommand)
+	}
+	if !ok {
+		return errResult(wire.MsgWrongArgs)
+	}
+	key := req.args[1]
+
+	var setOpts setOptions
+	switch verb {
+	case "SET":
+		if setOpts, ok = parseSetOptions(req.args[3:]); !ok {
+			return errResult(wire.MsgSyntaxError)
+		}
+	case "KEYNOTIFY":
+		if len(req.args) == 3 && string(req.args[2]) != "STOP" {
+			return errResult(wire.MsgSyntaxError)
+		}
+	}
+
+	// Timestamps: __ts is required on SET; any __ts or __ft that is present
+	// must parse and must not be too far ahead of the store's clock.
+	var ts hlc.Timestamp
+	if !req.hasTS {
+		if verb == "SET" {
+			return errResult(wire.MsgMissingTimestamp)
+		}
+	} else {
+		var err error
+		if ts, err = hlc.Parse(req.ts); err != nil {
+			return errResult(wire.MsgMalformedTS)
+		}
+		if s.clock.CheckDrift(ts) != nil {
+			return errResult(wire.MsgTimestampSkew)
+		}
+	}
+	var ft hlc.Timestamp
+	if req.hasFT {
+		var err error
+		if ft, err = hlc.Parse(req.ft); err != nil {
+			return errResult(wire.MsgMalformedTS)
+		}
+		if s.clock.CheckDrift(ft) != nil {
+			return errResult(wire.MsgFencingSkew)
+		}
+	}
+
+	if len(key) == 0 {
+		return errResult(wire.MsgKeyLengthZero)
+	}
+	if !s.keyAllowed(req.user, key) {
+		return errResult(wire.MsgNotAuthorized)
+	}
+
+	// The request is valid: it is an event for the store's clock.
+	now, err := s.tick(req.hasTS, ts)
+	if err != nil {
+		return errResult(wire.MsgTimestampSkew)
+	}
+
+	switch verb {
+	case "SET":
+		return s.set(key, req.args[2], setOpts, req.hasFT, ft, now)
+	case "GET":
+		e := s.live(key)
+		if e == nil {
+			return result{payload: nullPayload}
+		}
+		return result{payload: resp.AppendBulk(make([]byte, 0, len(e.value)+16), e.value), version: e.version}
+	case "DEL":
+		return s.del(key, nil, req.hasFT, ft)
+	case "VDEL":
+		return s.del(key, req.args[2], req.hasFT, ft)
+	default: // KEYNOTIFY
+		if len(req.args) == 3 {
+			if s.unwatch(cl.id, string(key)) {
+				return result{payload: okPayload}
+			}
+			return result{payload: zeroPayload}
+		}
+		s.watch(cl, key)
+		return result{payload: okPayload}
+	}
+}
+
+// tick advances the store's clock for a request: Update with the request's
+// __ts when it has one, Now otherwise.
+func (s *Server) tick(hasTS bool, ts hlc.Timestamp) (hlc.Timestamp, error) {
+	if hasTS {
+		return s.clock.Update(ts)
+	}
+	return s.clock.Now(), nil
+}
+
+// fenceCheck applies the fencing rules of a fenced key to a write.
+func fenceCheck(e *entry, hasFT bool, ft hlc.Timestamp) (string, bool) {
+	if e == nil || e.fence.IsZero() {
+		return "", true
+	}
+	if !hasFT {
+		return wire.MsgFencingRequired, false
+	}
+	if ft.Compare(e.fence) < 0 {
+		return wire.MsgFencingLower, false
+	}
+	return "", true
+}
+
+func (s *Server) set(key, value []byte, o setOptions, hasFT bool, ft, version hlc.Timestamp) result {
+	if s.cfg.MaxKeySize > 0 && len(key) > s.cfg.MaxKeySize ||
+		s.cfg.MaxValueSize > 0 && len(value) > s.cfg.MaxValueSize {
+		return errResult(wire.MsgQuotaExceeded)
+	}
+	e := s.live(key)
+	if msg, ok := fenceCheck(e, hasFT, ft); !ok {
+		return errResult(msg)
+	}
+	if e != nil && (o.nx || o.nex && !sameValue(e.value, value)) {
+		return result{payload: notAppliedPayload, version: e.version}
+	}
+	isNew := e == nil
+	if isNew {
+		if s.cfg.MaxKeys > 0 && len(s.tab.keys) >= s.cfg.MaxKeys {
+			return errResult(wire.MsgQuotaExceeded)
+		}
+		e = &entry{key: string(key)}
+	}
+	e.value = append(e.value[:0:0], value...)
+	e.version = version
+	if hasFT && (e.fence.IsZero() || ft.Compare(e.fence) > 0) {
+		e.fence = ft
+	}
+	var expires time.Time
+	if o.px > 0 {
+		expires = time.Now().Add(o.px)
+	}
+	s.tab.put(e, isNew, expires)
+	if !expires.IsZero() {
+		s.kickExpiry()
+	}
+	s.notifySet(e)
+	return result{payload: okPayload, version: version}
+}
+
+// del runs DEL (value == nil) and VDEL.
+func (s *Server) del(key, value []byte, hasFT bool, ft hlc.Timestamp) result {
+	e := s.live(key)
+	if e == nil {
+		return result{payload: zeroPayload}
+	}
+	if msg, ok := fenceCheck(e, hasFT, ft); !ok {
+		return errResult(msg)
+	}
+	if value != nil && !sameValue(e.value, value) {
+		return result{payload: notAppliedPayload, version: e.version}
+	}
+	s.tab.remove(e)
+	s.notifyDelete(e.key)
+	return result{payload: onePayload, version: e.version}
+}
+
+// live returns the entry for key unless it is missing or past its deadline;
+// a key found past its deadline is expired now, so that no read sees a value
+// whose lease has run out even if the expiry timer has not fired yet.
+func (s *Server) live(key []byte) *entry {
+	e := s.tab.get(key)
+	if e == nil {
+		return nil
+	}
+	if !e.expires.IsZero() && !time.Now().Before(e.expires) {
+		s.tab.remove(e)
+		s.notifyDelete(e.key)
+		return nil
+	}
+	return e
+}
+
+// keyAllowed applies the per-user key-prefix ACL.
+func (s *Server) keyAllowed(user string, key []byte) bool {
+	if s.cfg.KeyPrefixes == nil {
+		return true
+	}
+	for _, p := range s.cfg.KeyPrefixes[user] {
+		if strings.HasPrefix(string(key), p) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,126 @@
+package localstore
+
+import (
+	"crypto/subtle"
+	"strings"
+
+	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/dsslock/dsslock/sskv/internal/wire"
+)
+
+// satMethod is the MQTT v5 enhanced authentication method of Azure IoT
+// Operations for Kubernetes service account tokens.
+const satMethod = "K8S-SAT"
+
+// hook plugs the state store into the broker: it authenticates clients,
+// applies the ACL, tracks each client id's current connection and executes
+// requests published to the invoke topic.
+type hook struct {
+	mqtt.HookBase
+	s *Server
+}
+
+func (h *hook) ID() string { return "dsslock-statestore" }
+
+func (h *hook) Provides(b byte) bool {
+	switch b {
+	case mqtt.OnConnectAuthenticate, mqtt.OnACLCheck, mqtt.OnSessionEstablished,
+		mqtt.OnDisconnect, mqtt.OnPublish, mqtt.OnPacketEncode:
+		return true
+	}
+	return false
+}
+
+// OnConnectAuthenticate accepts everyone when no credentials are configured;
+// otherwise a username/password from Config.Users or a K8S-SAT token from
+// Config.SATTokens.
+func (h *hook) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) bool {
+	cfg := &h.s.cfg
+	if method := pk.Properties.AuthenticationMethod; method != "" {
+		if method != satMethod || cfg.SATTokens == nil {
+			h.s.log.Warn("refused connection: unsupported authentication method", "client", cl.ID, "method", method)
+			return false
+		}
+		user, ok := cfg.SATTokens[string(pk.Properties.AuthenticationData)]
+		if !ok {
+			h.s.log.Warn("refused connection: unknown service account token", "client", cl.ID)
+			return false
+		}
+		cl.Properties.Username = []byte(user)
+		return true
+	}
+	if cfg.Users == nil && cfg.SATTokens == nil {
+		return true
+	}
+	want, ok := cfg.Users[string(pk.Connect.Username)]
+	if !ok || subtle.ConstantTimeCompare([]byte(want), pk.Connect.Password) != 1 {
+		h.s.log.Warn("refused connection: bad username or password", "client", cl.ID)
+		return false
+	}
+	return true
+}
+
+// OnPacketEncode fixes two things in what the broker sends:
+//   - A client that sets Request Problem Information to 0 (paho's default)
+//     must still get user properties on PUBLISH [MQTT-3.1.2-29]; the broker
+//     strips them from every packet, which would remove __stat and __ts.
+//   - A successful CONNACK to a client that used enhanced authentication
+//     carries the authentication method, as MQTT v5 requires [MQTT-4.12.0-5].
+func (h *hook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
+	if pk.FixedHeader.Type == packets.Publish {
+		pk.Mods.DisallowProblemInfo = false
+	}
+	if pk.FixedHeader.Type == packets.Connack && pk.ReasonCode == packets.CodeSuccess.Code &&
+		cl.Properties.Props.AuthenticationMethod != "" {
+		pk.Properties.AuthenticationMethod = cl.Properties.Props.AuthenticationMethod
+	}
+	return pk
+}
+
+// OnACLCheck keeps the state store's topics its own: nobody but the store
+// publishes notifications, and a client reads only its own.
+func (h *hook) OnACLCheck(cl *mqtt.Client, topic string, write bool) bool {
+	if !strings.HasPrefix(topic, wire.NotifyPrefix) {
+		return true
+	}
+	if write {
+		return false
+	}
+	return isOwnNotifyTopic(cl, topic)
+}
+
+// OnSessionEstablished makes cl the current connection of its client id. A
+// new connection starts with no watches, even when it resumes a session.
+func (h *hook) OnSessionEstablished(cl *mqtt.Client, pk packets.Packet) {
+	h.s.connMu.Lock()
+	h.s.conns[cl.ID] = cl
+	h.s.connIDs[cl.Net.Conn] = cl.ID
+	h.s.connMu.Unlock()
+	h.s.endWatches(cl.ID)
+}
+
+// OnDisconnect ends the watches of the client, unless this is the late
+// disconnect of a connection that was already replaced by a newer one.
+func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
+	h.s.connMu.Lock()
+	current := h.s.conns[cl.ID] == cl
+	if current {
+		delete(h.s.conns, cl.ID)
+	}
+	h.s.connMu.Unlock()
+	if current {
+		h.s.endWatches(cl.ID)
+	}
+}
+
+// OnPublish executes state store requests. They are acknowledged like any
+// QoS 1 PUBLISH but not routed to subscribers of the invoke topic.
+func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
+	if cl.Net.Inline || pk.TopicName != wire.InvokeTopic {
+		return pk, nil
+	}
+	h.s.handleRequest(cl, pk)
+	return pk, packets.CodeSuccessIgnore
+}

@@ -1,0 +1,113 @@
+package localstore
+
+import (
+	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/dsslock/dsslock/sskv/internal/resp"
+	"github.com/dsslock/dsslock/sskv/internal/wire"
+)
+
+// Notifications reach a watching client through a subscription the store
+// makes on the client's behalf: a shared subscription, in a group of one,
+// whose filter is the exact notification topic of (client, key). The broker
+// merges it with any subscription the client made itself to the same topic,
+// so the client gets each notification exactly once whether or not it
+// subscribed (the official Go SDK never does), and a client's own
+// SUBSCRIBE/UNSUBSCRIBE never touches it. The read ACL (see hook) keeps a
+// client's notifications away from every other client.
+const watchGroup = "$share/dsslock-localstore-watch/"
+
+func watchFilter(clientID string, key []byte) string {
+	return watchGroup + wire.NotifyTopic(clientID, key)
+}
+
+// watch registers cl's watch of key. The caller holds s.mu.
+func (s *Server) watch(cl clientRef, key []byte) {
+	// A request that was read before its connection was replaced must not
+	// leave a watch behind for the new connection, which did not ask for it.
+	if s.current(cl.id) != cl.cl {
+		return
+	}
+	if s.tab.watch(cl.id, key) {
+		s.broker.Topics.Subscribe(cl.id, packets.Subscription{Filter: watchFilter(cl.id, key), Qos: 1})
+	}
+}
+
+// unwatch ends clientID's watch of key. The caller holds s.mu.
+func (s *Server) unwatch(clientID string, key string) bool {
+	if !s.tab.unwatch(clientID, key) {
+		return false
+	}
+	s.broker.Topics.Unsubscribe(watchFilter(clientID, []byte(key)), clientID)
+	return true
+}
+
+// endWatches ends every watch of clientID: watches belong to a connection.
+func (s *Server) endWatches(clientID string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, k := range s.tab.watchedBy(clientID) {
+		s.unwatch(clientID, k)
+	}
+}
+
+// notifySet tells the watchers of e's key its new value. The caller holds s.mu.
+func (s *Server) notifySet(e *entry) {
+	w := s.tab.watchers(e.key)
+	if len(w) == 0 {
+		return
+	}
+	payload := resp.AppendCommand(nil, []byte("NOTIFY"), []byte("SET"), []byte("VALUE"), e.value)
+	ts := e.version.String()
+	for id := range w {
+		s.publishNotify(id, e.key, payload, ts)
+	}
+}
+
+// notifyDelete tells the watchers of key that it is gone (deleted or expired).
+// The caller holds s.mu.
+func (s *Server) notifyDelete(key string) {
+	w := s.tab.watchers(key)
+	if len(w) == 0 {
+		return
+	}
+	payload := resp.AppendCommand(nil, []byte("NOTIFY"), []byte("DELETE"))
+	ts := s.clock.Now().String()
+	for id := range w {
+		s.publishNotify(id, key, payload, ts)
+	}
+}
+
+func (s *Server) publishNotify(clientID, key string, payload []byte, ts string) {
+	s.publish(wire.NotifyTopic(clientID, []byte(key)), payload, packets.Properties{
+		User: []packets.UserProperty{{Key: wire.PropTimestamp, Val: ts}},
+	})
+}
+
+// isOwnNotifyTopic reports whether topic (or filter) under the notification
+// prefix may be read by cl: only its own notifications, or a filter whose
+// client part is a wildcard (deliveries are then checked topic by topic).
+func isOwnNotifyTopic(cl *mqtt.Client, topic string) bool {
+	rest := topic[len(wire.NotifyPrefix):]
+	if rest == "" || rest == "/#" || rest == "/+" {
+		return true
+	}
+	if rest[0] != '/' {
+		return true // another prefix that merely shares the characters
+	}
+	rest = rest[1:]
+	part := rest
+	for i := 0; i < len(rest); i++ {
+		if rest[i] == '/' {
+			part = rest[:i]
+			break
+		}
+	}
+	if part == "+" || part == "#" {
+		return true
+	}
+	own := wire.NotifyTopic(cl.ID, nil)
+	own = own[len(wire.NotifyPrefix)+1 : len(own)-len("/command/notify/")]
+	return part == own
+}

@@ -1,0 +1,415 @@
+package localstore
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/sskv/internal/resp"
+	"github.com/dsslock/dsslock/sskv/internal/wire"
+)
+
+// Errors returned by Server methods.
+var (
+	// ErrNoClient is returned by Kick and Drop when no client with the given
+	// id is connected.
+	ErrNoClient = errors.New("localstore: no such connected client")
+	// ErrClosed is returned by Start when the listener could not be opened and
+	// by methods called after Close.
+	ErrClosed = errors.New("localstore: server closed")
+)
+
+// Config configures a local state store. The zero value serves anonymous
+// clients on a free loopback port with no limits.
+type Config struct {
+	// Addr is the plain TCP listen address. Empty means "127.0.0.1:0" (a free
+	// loopback port, see Server.Addr); "-" disables the plain listener.
+	Addr string
+
+	// TLS, when not nil, adds a TLS listener on TLSAddr (empty means
+	// "127.0.0.1:0"). Set ClientAuth in it to require client certificates.
+	TLS     *tls.Config
+	TLSAddr string
+
+	// Users, when not nil, requires every client to authenticate with one of
+	// these username/password pairs (or a SAT token, see SATTokens).
+	Users map[string]string
+
+	// SATTokens, when not nil, accepts MQTT v5 enhanced authentication with
+	// method "K8S-SAT" (as Azure IoT Operations uses for Kubernetes service
+	// account tokens): the authentication data must be one of these tokens,
+	// and the client is then known by the mapped user name.
+	SATTokens map[string]string
+
+	// KeyPrefixes, when not nil, is a per-user key ACL: a user may read, write
+	// and watch only keys that start with one of its prefixes; anything else
+	// gets "not authorized". Anonymous clients have user name "".
+	KeyPrefixes map[string][]string
+
+	// MaxKeys limits the number of keys (0: no limit). A SET that would add a
+	// key beyond it gets "the quota has been exceeded".
+	MaxKeys int
+	// MaxKeySize and MaxValueSize limit key and value length in bytes (0: no
+	// limit); a SET beyond them gets "the quota has been exceeded".
+	MaxKeySize   int
+	MaxValueSize int
+
+	// MaxDrift is how far ahead of the store's clock a request's __ts or __ft
+	// may be (default 60 s, as the service).
+	MaxDrift time.Duration
+
+	// NodeID is the node id of the store's hybrid logical clock (default
+	// "statestore").
+	NodeID string
+
+	// CloseTimeout bounds how long Close waits for clients to take their
+	// DISCONNECT before their connections are cut (default 2 s).
+	CloseTimeout time.Duration
+
+	// Logger receives the store's and the broker's logs (default: discarded).
+	Logger *slog.Logger
+}
+
+// Server is a running local state store: an MQTT v5 broker with the state
+// store built in. Create one with Start; stop it with Close.
+type Server struct {
+	cfg    Config
+	log    *slog.Logger
+	broker *mqtt.Server
+	inline *mqtt.Client // publishes responses and notifications
+	clock  *hlc.Clock
+	offset atomic.Int64 // nanoseconds added to the wall clock of the HLC
+
+	mu   sync.Mutex // guards tab, and orders notifications
+	tab  *table
+	wake chan struct{} // nudges the expiry loop when the next deadline moves
+
+	connMu  sync.Mutex
+	conns   map[string]*mqtt.Client // the current connection of each client id
+	connIDs map[net.Conn]string     // client id of each established connection
+
+	plain, secure *listener
+	stop          chan struct{}
+	loopDone      chan struct{}
+	closeOnce     sync.Once
+	closed        atomic.Bool
+}
+
+// Start starts a local state store and returns once it accepts connections.
+func Start(cfg Config) (*Server, error) {
+	if cfg.MaxDrift <= 0 {
+		cfg.MaxDrift = hlc.DefaultMaxDrift
+	}
+	if cfg.NodeID == "" {
+		cfg.NodeID = "statestore"
+	}
+	if cfg.CloseTimeout <= 0 {
+		cfg.CloseTimeout = 2 * time.Second
+	}
+	if cfg.MaxKeys < 0 || cfg.MaxKeySize < 0 || cfg.MaxValueSize < 0 {
+		return nil, errors.New("localstore: negative limit in Config")
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{
+		cfg:      cfg,
+		log:      log,
+		tab:      newTable(),
+		wake:     make(chan struct{}, 1),
+		conns:    make(map[string]*mqtt.Client),
+		connIDs:  make(map[net.Conn]string),
+		stop:     make(chan struct{}),
+		loopDone: make(chan struct{}),
+	}
+	clock, err := hlc.NewClock(cfg.NodeID, hlc.WithMaxDrift(cfg.MaxDrift), hlc.WithWallClock(s.wallClock))
+	if err != nil {
+		return nil, fmt.Errorf("localstore: node id: %w", err)
+	}
+	s.clock = clock
+
+	caps := mqtt.NewDefaultServerCapabilities()
+	// PUBACKs must not echo the request's user properties, and messages
+	// without an expiry must not get one.
+	caps.Compatibilities.NoInheritedPropertiesOnAck = true
+	caps.MaximumMessageExpiryInterval = 0
+	s.broker = mqtt.New(&mqtt.Options{
+		Capabilities:           caps,
+		Logger:                 log.With("component", "broker"),
+		SysTopicResendInterval: 30,
+	})
+	s.inline = s.broker.NewClient(nil, "local", "$statestore", true)
+	s.inline.Properties.ProtocolVersion = 5
+	if err := s.broker.AddHook(&hook{s: s}, nil); err != nil {
+		return nil, fmt.Errorf("localstore: %w", err)
+	}
+
+	if cfg.Addr != "-" {
+		addr := cfg.Addr
+		if addr == "" {
+			addr = "127.0.0.1:0"
+		}
+		if s.plain, err = listen(s, "tcp", addr, nil); err != nil {
+			return nil, err
+		}
+		_ = s.broker.AddListener(s.plain)
+	}
+	if cfg.TLS != nil {
+		addr := cfg.TLSAddr
+		if addr == "" {
+			addr = "127.0.0.1:0"
+		}
+		if s.secure, err = listen(s, "tls", addr, cfg.TLS); err != nil {
+			if s.plain != nil {
+				_ = s.plain.ln.Close()
+			}
+			return nil, err
+		}
+		_ = s.broker.AddListener(s.secure)
+	}
+	if s.plain == nil && s.secure == nil {
+		return nil, errors.New("localstore: no listener configured")
+	}
+	if err := s.broker.Serve(); err != nil {
+		return nil, fmt.Errorf("localstore: %w", err)
+	}
+	go s.expiryLoop()
+	return s, nil
+}
+
+// Addr returns the host:port of the plain TCP listener ("" when disabled).
+func (s *Server) Addr() string {
+	if s.plain == nil {
+		return ""
+	}
+	return s.plain.ln.Addr().String()
+}
+
+// TLSAddr returns the host:port of the TLS listener ("" when disabled).
+func (s *Server) TLSAddr() string {
+	if s.secure == nil {
+		return ""
+	}
+	return s.secure.ln.Addr().String()
+}
+
+// Close disconnects every client (each gets a DISCONNECT "server shutting
+// down"), stops the listeners and the expiry timer, and returns once every
+// goroutine of the server has ended. Clients that do not take their DISCONNECT
+// within Config.CloseTimeout have their connections cut, so Close never hangs.
+// Data is kept in memory only: it is gone after Close.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() {
+		s.closed.Store(true)
+		close(s.stop)
+		<-s.loopDone
+		_ = s.broker.Close()
+	})
+	return nil
+}
+
+// Kick disconnects the client with the given id the way an administrator
+// would: it sends DISCONNECT (reason 0x98, administrative action) and closes
+// the connection. The client's watches end, as with any disconnect.
+func (s *Server) Kick(clientID string) error {
+	cl := s.current(clientID)
+	if cl == nil {
+		return fmt.Errorf("%w: %q", ErrNoClient, clientID)
+	}
+	_ = s.broker.DisconnectClient(cl, packets.ErrAdministrativeAction)
+	return nil
+}
+
+// Drop cuts the network connection of the client with the given id without
+// a DISCONNECT, as a network failure would.
+func (s *Server) Drop(clientID string) error {
+	cl := s.current(clientID)
+	if cl == nil {
+		return fmt.Errorf("%w: %q", ErrNoClient, clientID)
+	}
+	if cl.Net.Conn != nil {
+		return cl.Net.Conn.Close()
+	}
+	return nil
+}
+
+// Connected reports whether a client with the given id is connected.
+func (s *Server) Connected(clientID string) bool {
+	return s.current(clientID) != nil
+}
+
+// SetClockOffset shifts the wall clock of the store's hybrid logical clock by
+// d (negative: behind real time), to test clock skew between clients and the
+// store. The store's versions stay monotonic whatever the offset. Key expiry
+// (PX) runs on real elapsed time and is not affected.
+func (s *Server) SetClockOffset(d time.Duration) {
+	s.offset.Store(int64(d))
+}
+
+// Now returns the store's current hybrid logical clock time (it ticks the clock).
+func (s *Server) Now() hlc.Timestamp {
+	return s.clock.Now()
+}
+
+// Len returns the number of keys stored (expired keys not yet collected may
+// be counted).
+func (s *Server) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.tab.keys)
+}
+
+func (s *Server) wallClock() time.Time {
+	return time.Now().Add(time.Duration(s.offset.Load()))
+}
+
+// clientRef names the connection a request came from.
+type clientRef struct {
+	id string
+	cl *mqtt.Client
+}
+
+// current returns the current connection of clientID, or nil.
+func (s *Server) current(clientID string) *mqtt.Client {
+	s.connMu.Lock()
+	defer s.connMu.Unlock()
+	return s.conns[clientID]
+}
+
+// handleRequest executes a PUBLISH to the invoke topic and publishes the
+// response. It runs on the publishing client's read goroutine, so the requests
+// of one connection are executed in order.
+func (s *Server) handleRequest(cl *mqtt.Client, pk packets.Packet) {
+	respTopic := pk.Properties.ResponseTopic
+	if respTopic == "" {
+		s.log.Warn("dropped state store request without response topic", "client", cl.ID)
+		return
+	}
+	if wire.ForbiddenResponseTopic(respTopic) {
+		s.log.Warn("disconnecting client: forbidden response topic", "client", cl.ID, "topic", respTopic)
+		_ = s.broker.DisconnectClient(cl, packets.ErrTopicNameInvalid)
+		return
+	}
+	corr := pk.Properties.CorrelationData
+	switch {
+	case pk.FixedHeader.Qos != 1:
+		s.log.Warn("refused state store request not at QoS 1", "client", cl.ID, "qos", pk.FixedHeader.Qos)
+		s.respond(respTopic, corr, result{payload: resp.AppendError(nil, msgNotQoS1)})
+		return
+	case len(corr) == 0:
+		s.log.Warn("refused state store request without correlation data", "client", cl.ID)
+		s.respond(respTopic, corr, result{payload: resp.AppendError(nil, msgNoCorrelation)})
+		return
+	}
+
+	var argBuf [8][]byte
+	args, err := resp.ParseCommand(pk.Payload, argBuf[:0])
+	if err != nil {
+		s.respond(respTopic, corr, errResult(wire.MsgSyntaxError))
+		return
+	}
+	req := request{args: args, clientID: cl.ID, user: string(cl.Properties.Username)}
+	for _, p := range pk.Properties.User {
+		switch p.Key {
+		case wire.PropTimestamp:
+			req.ts, req.hasTS = p.Val, true
+		case wire.PropFencingToken:
+			req.ft, req.hasFT = p.Val, true
+		}
+	}
+	s.mu.Lock()
+	res := s.execute(clientRef{id: cl.ID, cl: cl}, &req)
+	s.mu.Unlock()
+	s.respond(respTopic, corr, res)
+}
+
+// Messages for requests the protocol forbids but the public document gives no
+// error text for. Official clients never send such requests.
+const (
+	msgNotQoS1       = "requests must be published with QoS 1"
+	msgNoCorrelation = "requests must carry correlation data"
+)
+
+// respond publishes a response through the broker.
+func (s *Server) respond(topic string, corr []byte, res result) {
+	props := packets.Properties{
+		CorrelationData: corr,
+		ContentType:     wire.ContentType,
+		User:            make([]packets.UserProperty, 0, 3),
+	}
+	props.User = append(props.User,
+		packets.UserProperty{Key: wire.PropStatus, Val: wire.StatusOK},
+		packets.UserProperty{Key: wire.PropProtocolVer, Val: wire.ProtocolVersion})
+	if !res.version.IsZero() {
+		props.User = append(props.User, packets.UserProperty{Key: wire.PropTimestamp, Val: res.version.String()})
+	}
+	s.publish(topic, res.payload, props)
+}
+
+// publish injects a QoS 1 PUBLISH from the store into the broker, which
+// routes it to the subscribers of topic.
+func (s *Server) publish(topic string, payload []byte, props packets.Properties) {
+	err := s.broker.InjectPacket(s.inline, packets.Packet{
+		FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 1},
+		PacketID:    1, // required for QoS 1; the broker assigns each subscriber its own
+		TopicName:   topic,
+		Payload:     payload,
+		Properties:  props,
+	})
+	if err != nil {
+		s.log.Warn("publish failed", "topic", topic, "error", err)
+	}
+}
+
+// expiryLoop deletes keys when their PX deadline passes, each with a DELETE
+// notification. It sleeps until the earliest deadline; set and Close wake it.
+func (s *Server) expiryLoop() {
+	defer close(s.loopDone)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		s.mu.Lock()
+		now := time.Now()
+		for e := s.tab.popExpired(now); e != nil; e = s.tab.popExpired(now) {
+			s.notifyDelete(e.key)
+		}
+		next := s.tab.nextExpiry()
+		s.mu.Unlock()
+
+		wait := time.Hour
+		if !next.IsZero() {
+			wait = time.Until(next)
+		}
+		timer.Reset(wait)
+		select {
+		case <-s.stop:
+			return
+		case <-timer.C:
+		case <-s.wake:
+			if !timer.Stop() {
+				select {
+				case <-timer.C:
+				default:
+				}
+			}
+		}
+	}
+}
+
+// kickExpiry wakes the expiry loop to recompute its deadline.
+func (s *Server) kickExpiry() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
