@@ -454,16 +454,23 @@ func TestForbiddenResponseTopic(t *testing.T) {
 	srv := startStore(t, localstore.Config{})
 	for _, topic := range []string{wire.InvokeTopic, wire.NotifyPrefix + "/x/command/notify/00"} {
 		c := connect(t, srv)
+		// The PUBACK never comes: publish in the background, until the
+		// disconnect ends it.
 		ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
-		_, _ = c.c.Publish(ctx, &paho.Publish{QoS: 1, Topic: wire.InvokeTopic, Payload: cmd("SET", "k", "v").payload,
-			Properties: &paho.PublishProperties{ResponseTopic: topic, CorrelationData: []byte("0123456789abcdef"),
-				User: paho.UserProperties{{Key: "__ts", Value: c.clock.Now().String()}}}})
-		cancel()
+		published := make(chan struct{})
+		go func() {
+			defer close(published)
+			_, _ = c.c.Publish(ctx, &paho.Publish{QoS: 1, Topic: wire.InvokeTopic, Payload: cmd("SET", "k", "v").payload,
+				Properties: &paho.PublishProperties{ResponseTopic: topic, CorrelationData: []byte("0123456789abcdef"),
+					User: paho.UserProperties{{Key: "__ts", Value: c.clock.Now().String()}}}})
+		}()
 		select {
 		case <-c.c.Done():
 		case <-time.After(waitTimeout):
 			t.Fatalf("response topic %q: client not disconnected", topic)
 		}
+		cancel()
+		<-published
 	}
 	c := connect(t, srv)
 	mustPayload(t, c.do(cmd("GET", "k")), nullResp)
