@@ -3,6 +3,7 @@ package localstore_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/eclipse/paho.golang/paho"
 
@@ -86,4 +87,35 @@ func benchRoundTrip(b *testing.B, inflight int) {
 	b.Run("store", func(b *testing.B) { run(b, wire.InvokeTopic, get, ts, isValue) })
 	b.Run("loopback", func(b *testing.B) { run(b, c.ResponseTopic(), get, ts, isEcho) })
 	b.Run("echo", func(b *testing.B) { run(b, "bench/echo", get, ts, isEcho) })
+}
+
+// BenchmarkExpiry measures how late PX expiry fires: each iteration sets a key
+// with PX 10 and waits for its DELETE notification. late-ms is the mean time
+// from the PX deadline (counted from the SET's response) to the notification,
+// so it includes one network hop.
+func BenchmarkExpiry(b *testing.B) {
+	srv, err := localstore.Start(localstore.Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer srv.Close()
+	c := connect(b, srv)
+	mustPayload(b, c.do(cmd("KEYNOTIFY", "lease")), okResp)
+	const px = 10 * time.Millisecond
+	var late, worst time.Duration
+	n := 0
+	for b.Loop() {
+		mustPayload(b, c.do(cmd("SET", "lease", "x", "PX", "10")), okResp)
+		deadline := time.Now().Add(px)
+		c.next() // SET
+		if p := c.next(); string(p.Payload) != "*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n" {
+			b.Fatalf("got %q", p.Payload)
+		}
+		d := time.Since(deadline)
+		late += d
+		worst = max(worst, d)
+		n++
+	}
+	b.ReportMetric(float64(late.Microseconds())/float64(n)/1000, "late-ms")
+	b.ReportMetric(float64(worst.Microseconds())/1000, "worst-late-ms")
 }

@@ -312,14 +312,19 @@ func (s *Server) handleRequest(cl *mqtt.Client, pk packets.Packet) {
 		return
 	}
 
+	res := s.serve(clientRef{id: cl.ID, cl: cl}, string(cl.Properties.Username), pk.Payload, pk.Properties.User)
+	s.respond(respTopic, corr, res)
+}
+
+// serve parses and executes one request payload with its user properties.
+func (s *Server) serve(cl clientRef, user string, payload []byte, props []packets.UserProperty) result {
 	var argBuf [8][]byte
-	args, err := resp.ParseCommand(pk.Payload, argBuf[:0])
+	args, err := resp.ParseCommand(payload, argBuf[:0])
 	if err != nil {
-		s.respond(respTopic, corr, errResult(wire.MsgSyntaxError))
-		return
+		return errResult(wire.MsgSyntaxError)
 	}
-	req := request{args: args, clientID: cl.ID, user: string(cl.Properties.Username)}
-	for _, p := range pk.Properties.User {
+	req := request{args: args, clientID: cl.id, user: user}
+	for _, p := range props {
 		switch p.Key {
 		case wire.PropTimestamp:
 			req.ts, req.hasTS = p.Val, true
@@ -328,9 +333,8 @@ func (s *Server) handleRequest(cl *mqtt.Client, pk packets.Packet) {
 		}
 	}
 	s.mu.Lock()
-	res := s.execute(clientRef{id: cl.ID, cl: cl}, &req)
-	s.mu.Unlock()
-	s.respond(respTopic, corr, res)
+	defer s.mu.Unlock()
+	return s.execute(cl, &req)
 }
 
 // Messages for requests the protocol forbids but the public document gives no
