@@ -248,6 +248,15 @@ func (s *Server) Connected(clientID string) bool {
 	return s.current(clientID) != nil
 }
 
+// Watching reports whether the client with the given id has a watch
+// (KEYNOTIFY) on key, so that tests of clients can check what they registered.
+func (s *Server) Watching(clientID, key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.tab.watchers(key)[clientID]
+	return ok
+}
+
 // SetClockOffset shifts the wall clock of the store's hybrid logical clock by
 // d (negative: behind real time), to test clock skew between clients and the
 // store. The store's versions stay monotonic whatever the offset. Key expiry

@@ -1,0 +1,119 @@
+package sskv_test
+
+import (
+	"context"
+	"runtime"
+	"testing"
+
+	"github.com/eclipse/paho.golang/paho"
+
+	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/internal/rawmqtt"
+	"github.com/dsslock/dsslock/sskv"
+	"github.com/dsslock/dsslock/sskv/localstore"
+)
+
+// The benchmarks compare a state store GET through sskv with two raw
+// paho.golang baselines through the same local broker, QoS 1 both ways:
+//
+//   - raw-echo: a request published to a topic that a second raw client
+//     subscribes to and echoes back to the response topic (the shape of an
+//     RPC to a service outside the broker: two broker hops);
+//   - raw-loop: a client publishing to a topic it subscribes to itself (one
+//     hop, the least any request/response over MQTT can cost).
+//
+// The state store runs inside the local broker, so a GET is one hop plus the
+// store's work.
+
+// benchPayload and benchProps make the raw requests the size of a GET.
+var benchPayload = sskv.Command("GET", "bench-key")
+
+func benchProps() paho.UserProperties {
+	return paho.UserProperties{
+		{Key: "__ts", Value: hlc.Timestamp{Wall: 1700000000000, Node: "bench"}.String()},
+		{Key: "__protVer", Value: "1.0"},
+		{Key: "__srcId", Value: "bench"},
+		{Key: "$partition", Value: "bench"},
+	}
+}
+
+type benchTarget struct {
+	name string
+	do   func(context.Context) error
+}
+
+func benchTargets(b *testing.B, srv *localstore.Server) []benchTarget {
+	ctx := testCtx(b)
+	c := dial(b, srv)
+	if _, err := c.Set(ctx, "bench-key", []byte("bench-value-0123456789"), sskv.SetOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	echoer, err := rawmqtt.StartEchoer(ctx, srv.Addr(), testID(b), "bench/echo")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(echoer.Close)
+	rawE, err := rawmqtt.Dial(ctx, srv.Addr(), testID(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(rawE.Close)
+	rawL, err := rawmqtt.Dial(ctx, srv.Addr(), testID(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(rawL.Close)
+	props := benchProps()
+	return []benchTarget{
+		{"sskv", func(ctx context.Context) error {
+			_, err := c.Get(ctx, "bench-key")
+			return err
+		}},
+		{"raw-echo", func(ctx context.Context) error {
+			_, err := rawE.Request(ctx, "bench/echo", benchPayload, props)
+			return err
+		}},
+		{"raw-loop", func(ctx context.Context) error {
+			_, err := rawL.Request(ctx, rawL.ResponseTopic(), benchPayload, props)
+			return err
+		}},
+	}
+}
+
+// BenchmarkGet: one request at a time (latency).
+func BenchmarkGet(b *testing.B) {
+	srv := startStore(b, localstore.Config{})
+	for _, tg := range benchTargets(b, srv) {
+		b.Run(tg.name, func(b *testing.B) {
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := tg.do(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkGetParallel64: 64 requests in flight on one connection
+// (throughput).
+func BenchmarkGetParallel64(b *testing.B) {
+	srv := startStore(b, localstore.Config{})
+	procs := runtime.GOMAXPROCS(0)
+	for _, tg := range benchTargets(b, srv) {
+		b.Run(tg.name, func(b *testing.B) {
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.SetParallelism((64 + procs - 1) / procs)
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if err := tg.do(ctx); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
+}

@@ -1,0 +1,345 @@
+package sskv
+
+import (
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/dsslock/dsslock/hlc"
+)
+
+// Defaults applied by [Dial] to zero fields of [Config].
+const (
+	DefaultKeepAlive      = 60 * time.Second
+	DefaultSessionExpiry  = 5 * time.Minute
+	DefaultRequestTimeout = 10 * time.Second
+	DefaultReconnectMin   = 100 * time.Millisecond
+	DefaultReconnectMax   = 10 * time.Second
+	DefaultWatchBuffer    = 64
+)
+
+// Config configures a [Client]. Only Addr is required; every other zero
+// field means "use the default".
+type Config struct {
+	// Addr is the broker's "host:port".
+	Addr string
+
+	// TLS, when not nil, connects with TLS using this configuration (its
+	// ServerName defaults to the host of Addr). Nil means plain TCP.
+	TLS *tls.Config
+
+	// ClientID is the MQTT client id, which is also the node id of the
+	// client's hybrid logical clock and part of its response and notification
+	// topics. It must not contain ':', '+', '#', '/' or control characters.
+	// Default: "dsslock-" followed by 16 random hex digits.
+	ClientID string
+
+	// CleanStart discards any session the broker holds for ClientID on the
+	// first connection. Reconnections always resume the session.
+	CleanStart bool
+
+	// KeepAlive is the MQTT keep alive (whole seconds, at most 65535 s).
+	// Default 60 s.
+	KeepAlive time.Duration
+
+	// SessionExpiry is how long the broker keeps the session after the
+	// connection drops (whole seconds). It must be positive: the session is
+	// what carries a request in flight, and its response, across a reconnect.
+	// Default 5 minutes. A negative value is an error.
+	SessionExpiry time.Duration
+
+	// Username, with Password or PasswordFile, authenticates with MQTT
+	// username and password.
+	Username string
+	Password []byte
+	// PasswordFile is read on every connection attempt (for rotated
+	// secrets); its content is the password. It excludes Password.
+	PasswordFile string
+
+	// SATFile is the path of a Kubernetes service account token. When set, the
+	// client authenticates with MQTT v5 enhanced authentication, method
+	// "K8S-SAT", as Azure IoT Operations expects; the file is read on every
+	// connection attempt, so a rotated token is used on the next reconnect.
+	// It excludes Password and PasswordFile.
+	SATFile string
+
+	// RequestTimeout bounds a request whose context has no deadline.
+	// Default 10 s.
+	RequestTimeout time.Duration
+
+	// ReconnectMin and ReconnectMax bound the jittered exponential delay
+	// between connection attempts after the connection is lost. Defaults
+	// 100 ms and 10 s.
+	ReconnectMin time.Duration
+	ReconnectMax time.Duration
+
+	// WatchBuffer is the number of events each Watcher buffers before a slow
+	// consumer's events are coalesced (see [Watcher]). Default 64.
+	WatchBuffer int
+
+	// Logger receives the client's logs. Default: discarded.
+	Logger *slog.Logger
+}
+
+// ErrConfig is wrapped by every error about an invalid [Config].
+var ErrConfig = errors.New("sskv: invalid config")
+
+func configErr(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrConfig}, args...)...)
+}
+
+// withDefaults validates cfg and returns it with defaults filled in. It never
+// reads files: PasswordFile and SATFile are read when connecting.
+func (cfg Config) withDefaults(needAddr bool) (Config, error) {
+	if needAddr {
+		if cfg.Addr == "" {
+			return cfg, configErr("Addr is empty")
+		}
+		host, port, err := net.SplitHostPort(cfg.Addr)
+		if err != nil {
+			return cfg, configErr("Addr %q: %v", cfg.Addr, err)
+		}
+		if host == "" {
+			return cfg, configErr("Addr %q: empty host", cfg.Addr)
+		}
+		if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+			return cfg, configErr("Addr %q: bad port", cfg.Addr)
+		}
+	}
+	if cfg.ClientID == "" {
+		cfg.ClientID = randomClientID()
+	}
+	if err := validateClientID(cfg.ClientID); err != nil {
+		return cfg, err
+	}
+	switch {
+	case cfg.KeepAlive < 0 || cfg.KeepAlive > math.MaxUint16*time.Second:
+		return cfg, configErr("KeepAlive %v out of range", cfg.KeepAlive)
+	case cfg.KeepAlive == 0:
+		cfg.KeepAlive = DefaultKeepAlive
+	}
+	switch {
+	case cfg.SessionExpiry < 0 || cfg.SessionExpiry > math.MaxUint32*time.Second:
+		return cfg, configErr("SessionExpiry %v out of range (it must be positive so that requests survive a reconnect)", cfg.SessionExpiry)
+	case cfg.SessionExpiry == 0:
+		cfg.SessionExpiry = DefaultSessionExpiry
+	case cfg.SessionExpiry < time.Second:
+		return cfg, configErr("SessionExpiry %v is less than one second", cfg.SessionExpiry)
+	}
+	if cfg.RequestTimeout < 0 {
+		return cfg, configErr("negative RequestTimeout %v", cfg.RequestTimeout)
+	}
+	if cfg.RequestTimeout == 0 {
+		cfg.RequestTimeout = DefaultRequestTimeout
+	}
+	if cfg.ReconnectMin < 0 || cfg.ReconnectMax < 0 {
+		return cfg, configErr("negative ReconnectMin or ReconnectMax")
+	}
+	if cfg.ReconnectMin == 0 {
+		cfg.ReconnectMin = DefaultReconnectMin
+	}
+	if cfg.ReconnectMax == 0 {
+		cfg.ReconnectMax = max(DefaultReconnectMax, cfg.ReconnectMin)
+	}
+	if cfg.ReconnectMax < cfg.ReconnectMin {
+		return cfg, configErr("ReconnectMax %v is less than ReconnectMin %v", cfg.ReconnectMax, cfg.ReconnectMin)
+	}
+	if cfg.WatchBuffer < 0 {
+		return cfg, configErr("negative WatchBuffer %d", cfg.WatchBuffer)
+	}
+	if cfg.WatchBuffer == 0 {
+		cfg.WatchBuffer = DefaultWatchBuffer
+	}
+	if len(cfg.Password) > 0 && cfg.PasswordFile != "" {
+		return cfg, configErr("both Password and PasswordFile are set")
+	}
+	if cfg.SATFile != "" && (len(cfg.Password) > 0 || cfg.PasswordFile != "") {
+		return cfg, configErr("SATFile excludes Password and PasswordFile")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return cfg, nil
+}
+
+func validateClientID(id string) error {
+	if !utf8.ValidString(id) {
+		return configErr("ClientID %q is not valid UTF-8", id)
+	}
+	if strings.ContainsAny(id, "+#/") {
+		return configErr("ClientID %q contains '+', '#' or '/'", id)
+	}
+	if err := hlc.ValidateNode(id); err != nil {
+		return configErr("ClientID %q cannot be a clock node id: %v", id, err)
+	}
+	return nil
+}
+
+func randomClientID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return "dsslock-" + hex.EncodeToString(b[:])
+}
+
+// Environment variables read by [ConfigFromEnv]: those Azure IoT Operations
+// gives to applications.
+const (
+	EnvBrokerHostname = "AIO_BROKER_HOSTNAME"
+	EnvBrokerPort     = "AIO_BROKER_TCP_PORT"
+	EnvUseTLS         = "AIO_MQTT_USE_TLS"
+	EnvClientID       = "AIO_MQTT_CLIENT_ID"
+	EnvCleanStart     = "AIO_MQTT_CLEAN_START"
+	EnvKeepAlive      = "AIO_MQTT_KEEP_ALIVE"
+	EnvSessionExpiry  = "AIO_MQTT_SESSION_EXPIRY"
+	EnvUsername       = "AIO_MQTT_USERNAME"
+	EnvPasswordFile   = "AIO_MQTT_PASSWORD_FILE"
+	EnvSATFile        = "AIO_SAT_FILE"
+	EnvTLSCAFile      = "AIO_TLS_CA_FILE"
+	EnvTLSCertFile    = "AIO_TLS_CERT_FILE"
+	EnvTLSKeyFile     = "AIO_TLS_KEY_FILE"
+)
+
+// ConfigFromEnv builds a Config from the environment variables Azure IoT
+// Operations sets for applications:
+//
+//	AIO_BROKER_HOSTNAME      broker host (required)
+//	AIO_BROKER_TCP_PORT      broker port (default 18883 with TLS, 1883 without)
+//	AIO_MQTT_USE_TLS         "true"/"false" (default true)
+//	AIO_MQTT_CLIENT_ID       client id (default: random)
+//	AIO_MQTT_CLEAN_START     "true"/"false" (default false)
+//	AIO_MQTT_KEEP_ALIVE      seconds
+//	AIO_MQTT_SESSION_EXPIRY  seconds (must be > 0)
+//	AIO_MQTT_USERNAME        user name
+//	AIO_MQTT_PASSWORD_FILE   file holding the password
+//	AIO_SAT_FILE             service account token file (K8S-SAT)
+//	AIO_TLS_CA_FILE          PEM CA bundle that verifies the broker
+//	AIO_TLS_CERT_FILE        PEM client certificate (with AIO_TLS_KEY_FILE)
+//	AIO_TLS_KEY_FILE         PEM client key
+//
+// The CA and client certificate files are read now; the password and token
+// files on every connection attempt. An invalid value gives an error that
+// wraps [ErrConfig] and names the variable.
+func ConfigFromEnv() (Config, error) {
+	return configFromLookup(os.LookupEnv)
+}
+
+func configFromLookup(lookup func(string) (string, bool)) (Config, error) {
+	get := func(name string) string {
+		v, _ := lookup(name)
+		return strings.TrimSpace(v)
+	}
+	var cfg Config
+	boolVar := func(name string, def bool) (bool, error) {
+		v := get(name)
+		if v == "" {
+			return def, nil
+		}
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return false, configErr("%s=%q: not a boolean", name, v)
+		}
+		return b, nil
+	}
+	secondsVar := func(name string) (time.Duration, error) {
+		v := get(name)
+		if v == "" {
+			return 0, nil
+		}
+		n, err := strconv.ParseUint(v, 10, 32)
+		if err != nil {
+			return 0, configErr("%s=%q: not a whole number of seconds", name, v)
+		}
+		return time.Duration(n) * time.Second, nil
+	}
+
+	host := get(EnvBrokerHostname)
+	if host == "" {
+		return cfg, configErr("%s is not set", EnvBrokerHostname)
+	}
+	useTLS, err := boolVar(EnvUseTLS, true)
+	if err != nil {
+		return cfg, err
+	}
+	port := get(EnvBrokerPort)
+	if port == "" {
+		port = "1883"
+		if useTLS {
+			port = "18883"
+		}
+	} else if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+		return cfg, configErr("%s=%q: not a port number", EnvBrokerPort, port)
+	}
+	cfg.Addr = net.JoinHostPort(host, port)
+	cfg.ClientID = get(EnvClientID)
+	if cfg.ClientID != "" {
+		if err := validateClientID(cfg.ClientID); err != nil {
+			return cfg, fmt.Errorf("%s: %w", EnvClientID, err)
+		}
+	}
+	if cfg.CleanStart, err = boolVar(EnvCleanStart, false); err != nil {
+		return cfg, err
+	}
+	if cfg.KeepAlive, err = secondsVar(EnvKeepAlive); err != nil {
+		return cfg, err
+	}
+	if cfg.KeepAlive > math.MaxUint16*time.Second {
+		return cfg, configErr("%s=%q: more than 65535 seconds", EnvKeepAlive, get(EnvKeepAlive))
+	}
+	if v := get(EnvSessionExpiry); v != "" {
+		if cfg.SessionExpiry, err = secondsVar(EnvSessionExpiry); err != nil {
+			return cfg, err
+		}
+		if cfg.SessionExpiry == 0 {
+			return cfg, configErr("%s=0: the session expiry must be positive", EnvSessionExpiry)
+		}
+	}
+	cfg.Username = get(EnvUsername)
+	cfg.PasswordFile = get(EnvPasswordFile)
+	cfg.SATFile = get(EnvSATFile)
+	if cfg.SATFile != "" && cfg.PasswordFile != "" {
+		return cfg, configErr("%s and %s are both set", EnvSATFile, EnvPasswordFile)
+	}
+
+	caFile, certFile, keyFile := get(EnvTLSCAFile), get(EnvTLSCertFile), get(EnvTLSKeyFile)
+	if useTLS {
+		tc := &tls.Config{MinVersion: tls.VersionTLS12}
+		if caFile != "" {
+			pem, err := os.ReadFile(caFile)
+			if err != nil {
+				return cfg, configErr("%s: %v", EnvTLSCAFile, err)
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return cfg, configErr("%s=%q: no PEM certificate found", EnvTLSCAFile, caFile)
+			}
+			tc.RootCAs = pool
+		}
+		switch {
+		case certFile != "" && keyFile != "":
+			cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+			if err != nil {
+				return cfg, configErr("%s/%s: %v", EnvTLSCertFile, EnvTLSKeyFile, err)
+			}
+			tc.Certificates = []tls.Certificate{cert}
+		case certFile != "":
+			return cfg, configErr("%s is set without %s", EnvTLSCertFile, EnvTLSKeyFile)
+		case keyFile != "":
+			return cfg, configErr("%s is set without %s", EnvTLSKeyFile, EnvTLSCertFile)
+		}
+		cfg.TLS = tc
+	} else if caFile != "" || certFile != "" || keyFile != "" {
+		return cfg, configErr("TLS files are set but %s is false", EnvUseTLS)
+	}
+	return cfg, nil
+}

@@ -1,0 +1,533 @@
+package sskv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/eclipse/paho.golang/autopaho"
+	"github.com/eclipse/paho.golang/paho"
+
+	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/sskv/internal/wire"
+)
+
+// satMethod is the MQTT v5 enhanced authentication method of Azure IoT
+// Operations for Kubernetes service account tokens.
+const satMethod = "K8S-SAT"
+
+// publishTimeout is paho's own bound on a PUBLISH, SUBSCRIBE or UNSUBSCRIBE.
+// Our contexts always carry the real deadline; paho's default (10 s) would
+// otherwise end a publish early and hide whether it was sent.
+const publishTimeout = 24 * time.Hour
+
+// Client is a state store client on one MQTT v5 connection, which it keeps up
+// by itself. It is safe for concurrent use; many requests may be in flight at
+// once. Create one with [Dial], [DialEnv] or [NewFromConnection], and Close it
+// when done.
+type Client struct {
+	cfg          Config
+	id           string
+	log          *slog.Logger
+	clock        *hlc.Clock
+	cm           *autopaho.ConnectionManager
+	cmSet        chan struct{} // closed once cm is set
+	ownsCM       bool
+	respTopic    string
+	notifyFilter string
+	invokeTopic  string // wire.InvokeTopic; tests point it at a fake service
+
+	ctx    context.Context // done when Close starts
+	cancel context.CancelFunc
+
+	// Connection state. state is read lock-free on every request; stMu
+	// serialises changes and guards stChanged, closed and replaced on each.
+	state     atomic.Pointer[connState]
+	stMu      sync.Mutex
+	stChanged chan struct{}
+	lastErr   atomic.Pointer[errBox] // last connection error, for Dial's error
+
+	pmu     sync.Mutex
+	pending map[[16]byte]*pending
+
+	wmu      sync.Mutex
+	nseq     atomic.Uint64 // notifications routed so far
+	regs     map[string]*registration
+	stopping map[string]chan struct{} // keys whose KEYNOTIFY STOP is in flight
+
+	bgMu     sync.Mutex
+	bgClosed bool
+	wg       sync.WaitGroup
+
+	closeOnce sync.Once
+	closed    atomic.Bool
+}
+
+// connState is one state of the connection. gen counts connections: it is 0
+// before the first and grows by one on each. ready means the response and
+// notification subscriptions of connection gen are acknowledged.
+type connState struct {
+	gen       uint64
+	ready     bool
+	err       error // the response subscription was refused: requests fail
+	notifyErr error // the notification subscription was refused: watches fail
+}
+
+type errBox struct{ err error }
+
+func newClient(cfg Config) (*Client, error) {
+	clock, err := hlc.NewClock(cfg.ClientID)
+	if err != nil {
+		return nil, configErr("ClientID: %v", err)
+	}
+	c := &Client{
+		cfg:          cfg,
+		id:           cfg.ClientID,
+		log:          cfg.Logger.With("client", cfg.ClientID),
+		clock:        clock,
+		respTopic:    "clients/" + cfg.ClientID + "/services/statestore/_any_/command/invoke/response",
+		notifyFilter: wire.NotifyFilter(cfg.ClientID),
+		invokeTopic:  wire.InvokeTopic,
+		stChanged:    make(chan struct{}),
+		cmSet:        make(chan struct{}),
+		pending:      make(map[[16]byte]*pending),
+		regs:         make(map[string]*registration),
+		stopping:     make(map[string]chan struct{}),
+	}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.state.Store(&connState{})
+	return c, nil
+}
+
+// Dial connects to the broker at cfg.Addr and returns once the first
+// connection is up and the client's response and notification subscriptions
+// are acknowledged. If ctx ends first, Dial stops trying and returns ctx's
+// error, wrapped together with the last connection error. An invalid cfg is
+// reported at once with an error wrapping [ErrConfig].
+//
+// After Dial returns, the client reconnects by itself whenever the connection
+// drops, with a jittered exponential backoff, until Close.
+func Dial(ctx context.Context, cfg Config) (*Client, error) {
+	cfg, err := cfg.withDefaults(true)
+	if err != nil {
+		return nil, err
+	}
+	c, err := newClient(cfg)
+	if err != nil {
+		return nil, err
+	}
+	scheme := "mqtt"
+	if cfg.TLS != nil {
+		scheme = "mqtts"
+	}
+	acfg := autopaho.ClientConfig{
+		ServerUrls:                    []*url.URL{{Scheme: scheme, Host: cfg.Addr}},
+		TlsCfg:                        cfg.TLS,
+		KeepAlive:                     uint16((cfg.KeepAlive + time.Second - 1) / time.Second),
+		CleanStartOnInitialConnection: cfg.CleanStart,
+		SessionExpiryInterval:         uint32((cfg.SessionExpiry + time.Second - 1) / time.Second),
+		ReconnectBackoff:              reconnectBackoff(cfg.ReconnectMin, cfg.ReconnectMax),
+		ConnectTimeout:                cfg.RequestTimeout,
+		ConnectPacketBuilder:          c.buildConnect,
+		OnConnectionUp: func(_ *autopaho.ConnectionManager, ca *paho.Connack) {
+			c.ConnectionUp(ca)
+		},
+		OnConnectionDown: func() bool {
+			c.ConnectionDown()
+			return !c.closed.Load()
+		},
+		OnConnectError: func(err error) {
+			c.lastErr.Store(&errBox{err})
+			c.log.Debug("connection attempt failed", "error", err)
+		},
+		ClientConfig: paho.ClientConfig{
+			ClientID:          cfg.ClientID,
+			OnPublishReceived: []func(paho.PublishReceived) (bool, error){c.HandlePublish},
+			PacketTimeout:     publishTimeout,
+			AuthHandler:       satAuth{c: c},
+			OnClientError: func(err error) {
+				c.log.Debug("connection error", "error", err)
+			},
+			OnServerDisconnect: func(d *paho.Disconnect) {
+				c.log.Info("disconnected by the broker", "reason", d.ReasonCode)
+			},
+		},
+	}
+	cm, err := autopaho.NewConnection(context.Background(), acfg)
+	if err != nil {
+		return nil, configErr("%v", err)
+	}
+	c.cm, c.ownsCM = cm, true
+	close(c.cmSet)
+	if err := c.awaitFirst(ctx); err != nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("sskv: dial %s: %w", cfg.Addr, err)
+	}
+	return c, nil
+}
+
+// DialEnv is [Dial] with the Config from [ConfigFromEnv].
+func DialEnv(ctx context.Context) (*Client, error) {
+	cfg, err := ConfigFromEnv()
+	if err != nil {
+		return nil, err
+	}
+	return Dial(ctx, cfg)
+}
+
+// NewFromConnection builds a Client on a connection the application already
+// owns. clientID must be the connection's MQTT client id; cfg.Addr, TLS,
+// credentials, KeepAlive, SessionExpiry and reconnect settings are ignored
+// (they belong to cm). It waits for the connection to be up, subscribes to
+// the client's response and notification topics, and returns.
+//
+// The application must route the connection's events to the client, or
+// responses never arrive and watches do not survive a reconnect:
+//
+//   - add [Client.HandlePublish] to its ClientConfig.OnPublishReceived (a
+//     handler added later with cm.AddOnPublishReceived is lost when autopaho
+//     v0.23 reconnects, so use the config);
+//   - call [Client.ConnectionUp] from its OnConnectionUp, and
+//     [Client.ConnectionDown] from its OnConnectionDown.
+//
+// The session should have a positive expiry, so that a request in flight
+// survives a reconnect (see the package documentation). Close does not
+// disconnect cm.
+func NewFromConnection(ctx context.Context, cm *autopaho.ConnectionManager, clientID string, cfg Config) (*Client, error) {
+	if cm == nil {
+		return nil, configErr("nil ConnectionManager")
+	}
+	cfg.ClientID = clientID
+	if clientID == "" {
+		return nil, configErr("empty client id")
+	}
+	cfg, err := cfg.withDefaults(false)
+	if err != nil {
+		return nil, err
+	}
+	c, err := newClient(cfg)
+	if err != nil {
+		return nil, err
+	}
+	c.cm = cm
+	close(c.cmSet)
+	if err := cm.AwaitConnection(ctx); err != nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("sskv: waiting for the connection: %w", err)
+	}
+	if c.state.Load().gen == 0 {
+		// Nothing is pending yet, so whether the session is present does
+		// not matter.
+		c.ConnectionUp(&paho.Connack{SessionPresent: true})
+	}
+	if err := c.awaitFirst(ctx); err != nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("sskv: %w", err)
+	}
+	return c, nil
+}
+
+// awaitFirst waits until the first connection is ready.
+func (c *Client) awaitFirst(ctx context.Context) error {
+	_, err := c.waitReady(ctx, 0)
+	if err != nil && ctx.Err() != nil {
+		if b := c.lastErr.Load(); b != nil {
+			return fmt.Errorf("%w (last connection error: %v)", err, b.err)
+		}
+	}
+	return err
+}
+
+// ID returns the client's MQTT client id.
+func (c *Client) ID() string { return c.id }
+
+// Close ends the client: requests in flight fail with [ErrClosed], every
+// Watcher's channel is closed, and the connection is closed (unless it came
+// from [NewFromConnection]). It waits for the client's goroutines to end.
+// Close is idempotent and always returns nil.
+func (c *Client) Close() error {
+	c.closeOnce.Do(func() {
+		c.closed.Store(true)
+		c.cancel()
+		c.bgMu.Lock()
+		c.bgClosed = true
+		c.bgMu.Unlock()
+		c.failPending(func(*pending) bool { return true }, ErrClosed)
+		c.closeWatches()
+		if c.ownsCM {
+			ctx, cancel := context.WithTimeout(context.Background(), c.cfg.RequestTimeout)
+			if err := c.cm.Disconnect(ctx); err != nil {
+				c.log.Debug("disconnect", "error", err)
+			}
+			cancel()
+		}
+		c.wg.Wait()
+	})
+	return nil
+}
+
+// spawn runs f on a goroutine that Close waits for. It reports false, and
+// does not run f, once Close has started.
+func (c *Client) spawn(f func()) bool {
+	c.bgMu.Lock()
+	defer c.bgMu.Unlock()
+	if c.bgClosed {
+		return false
+	}
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		f()
+	}()
+	return true
+}
+
+// setState replaces the connection state and wakes everyone waiting for a
+// change. It returns the new state.
+func (c *Client) setState(f func(old connState) connState) *connState {
+	c.stMu.Lock()
+	defer c.stMu.Unlock()
+	st := f(*c.state.Load())
+	c.state.Store(&st)
+	close(c.stChanged)
+	c.stChanged = make(chan struct{})
+	return &st
+}
+
+// waitReady returns the current connection state once it is ready and newer
+// than connection after, or an error when ctx ends or the client closes.
+func (c *Client) waitReady(ctx context.Context, after uint64) (*connState, error) {
+	for {
+		st := c.state.Load()
+		if st.ready && st.gen > after {
+			if st.err != nil {
+				return nil, st.err
+			}
+			return st, nil
+		}
+		c.stMu.Lock()
+		ch := c.stChanged
+		changed := c.state.Load() != st
+		c.stMu.Unlock()
+		if changed {
+			continue
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-c.ctx.Done():
+			return nil, ErrClosed
+		}
+	}
+}
+
+// ConnectionUp tells the client that its connection is (again) up. A Client
+// from [Dial] calls it itself; one from [NewFromConnection] needs the
+// application to call it from OnConnectionUp. It does not block: the client
+// re-subscribes, then re-registers its watches, on its own goroutine.
+//
+// connack is the connection's CONNACK: when it reports no session present,
+// requests that were sent on an earlier connection and not yet answered can
+// never be answered, and fail with [ErrConnectionLost].
+func (c *Client) ConnectionUp(connack *paho.Connack) {
+	if c.closed.Load() {
+		return
+	}
+	sessionPresent := connack != nil && connack.SessionPresent
+	st := c.setState(func(old connState) connState { return connState{gen: old.gen + 1} })
+	c.spawn(func() { c.setup(st.gen, sessionPresent) })
+}
+
+// ConnectionDown tells the client that its connection is down. A Client from
+// [Dial] calls it itself; one from [NewFromConnection] needs the application
+// to call it from OnConnectionDown. New requests wait for the next
+// connection; requests in flight keep waiting for their responses.
+func (c *Client) ConnectionDown() {
+	c.setState(func(old connState) connState { return connState{gen: old.gen} })
+	c.wmu.Lock()
+	for _, reg := range c.regs {
+		reg.beginResync()
+	}
+	c.wmu.Unlock()
+}
+
+// setup prepares connection gen: it subscribes to the response and
+// notification topics, fails requests whose responses the lost session would
+// have carried, marks the connection ready and re-registers the watches.
+func (c *Client) setup(gen uint64, sessionPresent bool) {
+	select {
+	case <-c.cmSet:
+	case <-c.ctx.Done():
+		return
+	}
+	var respErr, notifyErr error
+	b := retryBackoff(c.cfg.ReconnectMin, c.cfg.ReconnectMax)
+	for {
+		if c.state.Load().gen != gen || c.ctx.Err() != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(c.ctx, c.cfg.RequestTimeout)
+		sa, err := c.cm.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{
+			{Topic: c.respTopic, QoS: 1},
+			{Topic: c.notifyFilter, QoS: 1},
+		}})
+		cancel()
+		if err == nil && sa != nil && len(sa.Reasons) == 2 {
+			if r := sa.Reasons[0]; r > 2 {
+				respErr = fmt.Errorf("sskv: subscription to the response topic %q refused (reason 0x%02x)", c.respTopic, r)
+				c.log.Error("subscription refused", "topic", c.respTopic, "reason", r)
+			}
+			if r := sa.Reasons[1]; r > 2 {
+				notifyErr = fmt.Errorf("sskv: subscription to the notification topic %q refused (reason 0x%02x)", c.notifyFilter, r)
+				c.log.Warn("subscription refused", "topic", c.notifyFilter, "reason", r)
+			}
+			break
+		}
+		if err == nil {
+			err = errors.New("malformed SUBACK")
+		}
+		c.log.Debug("subscribe failed; retrying", "error", err)
+		t := time.NewTimer(b.NextBackOff())
+		select {
+		case <-t.C:
+		case <-c.ctx.Done():
+			t.Stop()
+			return
+		}
+	}
+	if !sessionPresent {
+		n := c.failPending(func(p *pending) bool {
+			g := p.gen.Load()
+			return g != 0 && g < gen
+		}, ErrConnectionLost)
+		if n > 0 {
+			c.log.Warn("session lost on reconnect: requests in flight have an unknown outcome", "requests", n)
+		}
+	}
+	st := c.setState(func(old connState) connState {
+		if old.gen != gen {
+			return old
+		}
+		return connState{gen: gen, ready: true, err: respErr, notifyErr: notifyErr}
+	})
+	if st.gen == gen {
+		c.log.Debug("connection ready", "gen", gen, "sessionPresent", sessionPresent)
+		c.resyncWatches(gen)
+	}
+}
+
+// HandlePublish routes a PUBLISH received on the client's connection: it
+// takes responses to the client's requests and its key notifications, and
+// reports whether it took the message. A Client from [Dial] is wired to it
+// already; for [NewFromConnection] the application adds it to its
+// ClientConfig.OnPublishReceived. It never blocks and never panics on
+// malformed input.
+func (c *Client) HandlePublish(pr paho.PublishReceived) (bool, error) {
+	p := pr.Packet
+	if p == nil {
+		return false, nil
+	}
+	if p.Topic == c.respTopic {
+		c.handleResponse(p)
+		return true, nil
+	}
+	if strings.HasPrefix(p.Topic, wire.NotifyPrefix) {
+		if id, key, ok := wire.ParseNotifyTopic(p.Topic); ok && id == c.id {
+			c.handleNotification(key, p)
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// buildConnect completes the CONNECT packet of each connection attempt,
+// reading the password and token files afresh.
+func (c *Client) buildConnect(cp *paho.Connect, _ *url.URL) (*paho.Connect, error) {
+	if cp.Properties == nil {
+		cp.Properties = &paho.ConnectProperties{}
+	}
+	if cp.Properties.SessionExpiryInterval == nil {
+		v := uint32((c.cfg.SessionExpiry + time.Second - 1) / time.Second)
+		cp.Properties.SessionExpiryInterval = &v
+	}
+	if c.cfg.Username != "" {
+		cp.Username, cp.UsernameFlag = c.cfg.Username, true
+	}
+	switch {
+	case len(c.cfg.Password) > 0:
+		cp.Password, cp.PasswordFlag = c.cfg.Password, true
+	case c.cfg.PasswordFile != "":
+		pw, err := os.ReadFile(c.cfg.PasswordFile)
+		if err != nil {
+			return nil, fmt.Errorf("sskv: reading PasswordFile: %w", err)
+		}
+		cp.Password, cp.PasswordFlag = pw, true
+	}
+	if c.cfg.SATFile != "" {
+		tok, err := os.ReadFile(c.cfg.SATFile)
+		if err != nil {
+			return nil, fmt.Errorf("sskv: reading SATFile: %w", err)
+		}
+		cp.Properties.AuthMethod = satMethod
+		cp.Properties.AuthData = tok
+	}
+	return cp, nil
+}
+
+// satAuth answers the broker's enhanced-authentication challenges with the
+// current service account token. paho requires a handler whenever CONNACK
+// names an authentication method.
+type satAuth struct{ c *Client }
+
+func (a satAuth) Authenticate(*paho.Auth) *paho.Auth {
+	out := &paho.Auth{ReasonCode: 0x18, Properties: &paho.AuthProperties{AuthMethod: satMethod}} // continue authentication
+	if a.c.cfg.SATFile != "" {
+		tok, err := os.ReadFile(a.c.cfg.SATFile)
+		if err != nil {
+			a.c.log.Warn("reading SATFile for re-authentication", "error", err)
+		}
+		out.Properties.AuthData = tok
+	}
+	return out
+}
+
+func (satAuth) Authenticated() {}
+
+// reconnectBackoff returns autopaho's delay before connection attempt n of
+// each connection cycle: none before the very first connection, then a
+// jittered exponential backoff between min and max, restarted on each
+// cycle, whose first delay is at least min.
+func reconnectBackoff(minD, maxD time.Duration) func(int) time.Duration {
+	b := retryBackoff(minD, maxD)
+	first := true
+	return func(attempt int) time.Duration {
+		if attempt == 0 {
+			if first {
+				first = false
+				return 0
+			}
+			b.Reset()
+		}
+		return max(b.NextBackOff(), minD)
+	}
+}
+
+func retryBackoff(minD, maxD time.Duration) *backoff.ExponentialBackOff {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval = minD
+	b.MaxInterval = maxD
+	b.RandomizationFactor = 0.5
+	b.Multiplier = 2
+	b.MaxElapsedTime = 0
+	b.Reset()
+	return b
+}

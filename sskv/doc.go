@@ -1,0 +1,117 @@
+// Package sskv is a client for the Azure IoT Operations state store: a
+// key-value service reached through the MQTT v5 broker, with RESP3 payloads,
+// hybrid logical clock (HLC) versions and fencing tokens. It is the layer the
+// locks and leader election of dsslock are built on.
+//
+// A [Client] holds one MQTT connection and keeps it up by itself:
+//
+//	c, err := sskv.Dial(ctx, sskv.Config{Addr: "aio-broker:18883", TLS: tlsCfg, SATFile: tokenPath})
+//	if err != nil { ... }
+//	defer c.Close()
+//
+//	res, err := c.Set(ctx, "lock", []byte("me"), sskv.SetOptions{
+//		Condition: sskv.IfNotExists, Expiry: 10 * time.Second})
+//	// res.Applied: the lock was free; res.Version: the fencing token
+//
+// In a pod, [DialEnv] reads the configuration Azure IoT Operations gives an
+// application from its environment (see [ConfigFromEnv]).
+//
+// # Requests
+//
+// [Client.Get], [Client.Set], [Client.Del] and [Client.VDel] each publish one
+// request (QoS 1) and wait for its response. Any number of requests may be in
+// flight on the connection at once; they are matched to their responses by
+// correlation data. Each waits at most until its context's deadline, or
+// Config.RequestTimeout when the context has none; the service is told the
+// same bound as the message expiry.
+//
+// Outcomes that are not errors: a missing key (Found false), a SET whose
+// condition was not met (Applied false, with the version of the value that
+// stayed), a VDEL of another value (Mismatch true). A request the service
+// refuses returns a *[ServiceError]; errors.Is matches it against ErrNotAuthorized,
+// ErrFencingTokenLower and the other sentinels. An empty key is sent like any
+// other, and the service's answer is [ErrKeyLengthZero]. Invalid options
+// ([ErrInvalidOption]) are reported before anything is sent.
+//
+// Every request carries the client's HLC time (__ts). The client advances its
+// clock with the versions the service returns, so the __ts it sends never
+// goes backwards relative to what it has seen; the service refuses a __ts or
+// fencing token more than a minute ahead of its own clock ([ErrTimestampSkew],
+// [ErrFencingTokenSkew]), so keep clocks synchronised.
+//
+// # Connections, reconnects and requests in flight
+//
+// The client reconnects by itself, with a jittered exponential backoff
+// (Config.ReconnectMin to ReconnectMax), re-reading Config.PasswordFile and
+// Config.SATFile on every attempt. It resumes its MQTT session
+// (Config.SessionExpiry must be positive), and subscribes again before any
+// new request is sent. What a request sees across a connection loss:
+//
+//   - Sent while the connection is down: it waits for the next connection (at
+//     most until its context ends). A request the client knows was never
+//     handed to the connection is sent again, so it is never reported as not
+//     executed when it might have been.
+//   - In flight when the connection drops: the PUBLISH stays in the MQTT
+//     session and is sent again after the reconnect. The response, held in
+//     the broker's session while the client was away, is delivered after the
+//     reconnect. QoS 1 is at-least-once, so the service may execute such a
+//     request twice; the client takes the first response, which is normally
+//     the original's (were it lost, the repeat's answer could report "not
+//     applied" or "not deleted" for the client's own earlier write).
+//   - If the broker reports on reconnect that the session is gone (it
+//     expired, or the broker lost it), responses to requests sent earlier can
+//     never arrive: those requests fail at once with [ErrConnectionLost],
+//     which means the outcome is unknown — the request may or may not have
+//     been executed.
+//   - A context that ends while a request is in flight likewise leaves its
+//     outcome unknown; the request returns ctx's error (errors.Is works with
+//     context.DeadlineExceeded and context.Canceled), and a response that
+//     arrives later is dropped.
+//
+// No request ever waits past its context. [Client.Close] fails requests in
+// flight with [ErrClosed].
+//
+// # Watches
+//
+// [Client.Watch] registers a key with the service (KEYNOTIFY) and delivers
+// its changes as [Event]s. The client subscribes to its notification topic,
+// and waits for the broker's acknowledgement, before it registers any key.
+// Watchers of the same key share one registration, ended when the last of
+// them stops.
+//
+// What a watcher sees:
+//
+//   - Every change made after Watch returns, in version order, none twice.
+//     DELETE notifications are accepted as "DELETE" and "DEL".
+//   - After a reconnect the client registers every watched key again, reads
+//     it, and delivers one Event with Resync set, carrying the key's current
+//     value or its deletion, if the key changed while the connection was down
+//     (the service ends watches on disconnect, so those changes cannot be
+//     delivered one by one). An unchanged key produces no event. Changes the
+//     service notifies between re-registration and that read are folded into
+//     the Resync event.
+//   - A slow consumer: each watcher buffers Config.WatchBuffer events (default
+//     64). Beyond that, its events are coalesced into one Resync event with
+//     the key's latest known state, delivered after the buffered events as
+//     soon as the consumer reads again. Nothing else waits for a slow watcher:
+//     the connection, requests and other watchers go on, and memory stays
+//     bounded. The last event a watcher receives always reflects the latest
+//     state the client knows.
+//
+// A watch ends, and its channel is closed, on [Watcher.Stop], when the
+// context given to Watch ends, when the client closes, or if the service
+// refuses to register it again after a reconnect; [Watcher.Err] tells which.
+//
+// # Using an existing connection
+//
+// [NewFromConnection] builds a Client on an autopaho connection the
+// application owns; the application then routes the connection's messages and
+// events to it ([Client.HandlePublish], [Client.ConnectionUp],
+// [Client.ConnectionDown]).
+//
+// # Logging
+//
+// The client logs through Config.Logger (log/slog; discarded by default):
+// connection changes at Info and Debug, dropped malformed notifications and
+// refused subscriptions at Warn. Late responses are logged at Debug only.
+package sskv

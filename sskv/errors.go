@@ -1,0 +1,103 @@
+package sskv
+
+import (
+	"errors"
+
+	"github.com/dsslock/dsslock/sskv/internal/wire"
+)
+
+// Errors reported by the state store. A request the service refuses returns
+// a *[ServiceError]; errors.Is matches it against these sentinels.
+var (
+	// ErrTimestampSkew: the request's __ts is more than a minute ahead of the
+	// service's clock.
+	ErrTimestampSkew = errors.New("sskv: request timestamp too far in the future")
+	// ErrFencingTokenRequired: the key is fenced and the request has no token.
+	ErrFencingTokenRequired = errors.New("sskv: fencing token required")
+	// ErrFencingTokenSkew: the fencing token is more than a minute ahead of
+	// the service's clock.
+	ErrFencingTokenSkew = errors.New("sskv: fencing token too far in the future")
+	// ErrFencingTokenLower: the fencing token is older than the key's.
+	ErrFencingTokenLower = errors.New("sskv: fencing token lower than the key's")
+	// ErrQuotaExceeded: the service's key, key size or value size quota.
+	ErrQuotaExceeded = errors.New("sskv: quota exceeded")
+	// ErrSyntax: the service could not parse the request.
+	ErrSyntax = errors.New("sskv: syntax error")
+	// ErrNotAuthorized: the client may not use this key.
+	ErrNotAuthorized = errors.New("sskv: not authorized")
+	// ErrUnknownCommand: the service does not know the request's verb.
+	ErrUnknownCommand = errors.New("sskv: unknown command")
+	// ErrWrongArgs: wrong number of arguments for the verb.
+	ErrWrongArgs = errors.New("sskv: wrong number of arguments")
+	// ErrMissingTimestamp: a SET without __ts.
+	ErrMissingTimestamp = errors.New("sskv: missing timestamp")
+	// ErrMalformedTimestamp: an unparseable __ts or __ft.
+	ErrMalformedTimestamp = errors.New("sskv: malformed timestamp")
+	// ErrKeyLengthZero: the key is empty. The client sends empty keys to the
+	// service like any other and reports its answer.
+	ErrKeyLengthZero = errors.New("sskv: key length is zero")
+)
+
+// Errors of the client itself.
+var (
+	// ErrMalformedResponse reports a response the client cannot understand:
+	// no __stat, an unexpected reply type, a malformed payload or __ts. The
+	// error wraps it with the detail.
+	ErrMalformedResponse = errors.New("sskv: malformed response")
+
+	// ErrClosed is returned by calls on a closed Client, and by requests in
+	// flight when it is closed.
+	ErrClosed = errors.New("sskv: client closed")
+
+	// ErrConnectionLost reports a request whose outcome is unknown: it may or
+	// may not have been executed, because the connection was lost after the
+	// request was handed to it and the session that would have delivered the
+	// response did not survive (the broker reported no session on
+	// reconnect). Requests that were certainly not sent are retried instead.
+	ErrConnectionLost = errors.New("sskv: connection lost, request outcome unknown")
+
+	// ErrPublishRejected reports a request the broker refused to accept (a
+	// PUBACK with a failure reason code, e.g. not authorized to publish). The
+	// service never saw it.
+	ErrPublishRejected = errors.New("sskv: broker rejected the request")
+
+	// ErrInvalidOption reports a request option that cannot be sent, found
+	// before anything is sent.
+	ErrInvalidOption = errors.New("sskv: invalid option")
+)
+
+// ServiceError is an error answered by the state store ("-ERR <message>").
+// Message is the service's text, verbatim. errors.Is matches it against the
+// sentinel of a known message (ErrNotAuthorized, ErrFencingTokenLower, ...);
+// an unknown message matches none of them.
+type ServiceError struct {
+	Message string
+}
+
+func (e *ServiceError) Error() string {
+	return "sskv: state store error: " + e.Message
+}
+
+// Is reports whether target is the sentinel for e's message.
+func (e *ServiceError) Is(target error) bool {
+	s := sentinelFor(e.Message)
+	return s != nil && s == target
+}
+
+var sentinels = map[string]error{
+	wire.MsgTimestampSkew:    ErrTimestampSkew,
+	wire.MsgFencingRequired:  ErrFencingTokenRequired,
+	wire.MsgFencingSkew:      ErrFencingTokenSkew,
+	wire.MsgFencingLower:     ErrFencingTokenLower,
+	wire.MsgFencingLowerDoc:  ErrFencingTokenLower,
+	wire.MsgQuotaExceeded:    ErrQuotaExceeded,
+	wire.MsgSyntaxError:      ErrSyntax,
+	wire.MsgNotAuthorized:    ErrNotAuthorized,
+	wire.MsgUnknownCommand:   ErrUnknownCommand,
+	wire.MsgWrongArgs:        ErrWrongArgs,
+	wire.MsgMissingTimestamp: ErrMissingTimestamp,
+	wire.MsgMalformedTS:      ErrMalformedTimestamp,
+	wire.MsgKeyLengthZero:    ErrKeyLengthZero,
+}
+
+func sentinelFor(msg string) error { return sentinels[msg] }

@@ -1,0 +1,65 @@
+package sskv
+
+import (
+	"context"
+	"time"
+
+	"github.com/eclipse/paho.golang/paho"
+
+	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/sskv/internal/resp"
+)
+
+// Test hooks. They exist only in the test binary.
+
+// SetInvokeTopicForTest makes c send its requests to topic instead of the
+// state store, so that a test can act as the service.
+func SetInvokeTopicForTest(c *Client, topic string) { c.invokeTopic = topic }
+
+// RawReply is a decoded response to a raw request.
+type RawReply struct {
+	Kind    string
+	Str     string
+	Int     int64
+	Version hlc.Timestamp
+}
+
+// DoRawForTest sends payload as a request with the standard properties plus
+// props; withTS adds a fresh __ts unless props has one.
+func DoRawForTest(ctx context.Context, c *Client, payload []byte, props map[string]string, withTS bool) (RawReply, error) {
+	r, err := c.doRequest(ctx, verbRaw, payload, func(u paho.UserProperties) paho.UserProperties {
+		if _, ok := props["__ts"]; withTS && !ok {
+			u = append(u, paho.UserProperty{Key: "__ts", Value: c.clock.Now().String()})
+		}
+		for k, v := range props {
+			u = append(u, paho.UserProperty{Key: k, Value: v})
+		}
+		return u
+	})
+	if err != nil {
+		return RawReply{}, err
+	}
+	return RawReply{Kind: r.Kind.String(), Str: string(r.Str), Int: r.Int, Version: r.version}, nil
+}
+
+// Command encodes args as a RESP request.
+func Command(args ...string) []byte {
+	b := make([][]byte, len(args))
+	for i, a := range args {
+		b[i] = []byte(a)
+	}
+	return resp.AppendCommand(nil, b...)
+}
+
+// ReconnectBackoffForTest exposes the reconnect delay function.
+func ReconnectBackoffForTest(minD, maxD time.Duration) func(int) time.Duration {
+	return reconnectBackoff(minD, maxD)
+}
+
+// ConfigFromLookupForTest is ConfigFromEnv with its own environment.
+func ConfigFromLookupForTest(env map[string]string) (Config, error) {
+	return configFromLookup(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+}
+
+// ClockForTest returns the client's clock.
+func ClockForTest(c *Client) *hlc.Clock { return c.clock }

@@ -1,0 +1,458 @@
+package sskv
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/eclipse/paho.golang/autopaho"
+	"github.com/eclipse/paho.golang/paho"
+	"github.com/eclipse/paho.golang/paho/session"
+
+	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/sskv/internal/resp"
+	"github.com/dsslock/dsslock/sskv/internal/wire"
+)
+
+// Condition is the condition of a SET.
+type Condition uint8
+
+const (
+	// Always sets the key unconditionally.
+	Always Condition = iota
+	// IfNotExists (NX) sets the key only if it does not exist.
+	IfNotExists
+	// IfEqualOrNotExists (NEX) sets the key only if it does not exist or
+	// already holds the value being set: the way to renew a lease (with
+	// Expiry) without taking it from another owner.
+	IfEqualOrNotExists
+)
+
+func (c Condition) String() string {
+	switch c {
+	case Always:
+		return "Always"
+	case IfNotExists:
+		return "IfNotExists"
+	case IfEqualOrNotExists:
+		return "IfEqualOrNotExists"
+	}
+	return "Condition(" + strconv.Itoa(int(c)) + ")"
+}
+
+// SetOptions are the options of [Client.Set]. The zero value is a plain,
+// unconditional SET with no expiry.
+type SetOptions struct {
+	// Condition makes the SET conditional (NX or NEX).
+	Condition Condition
+	// Expiry, when positive, makes the key expire that long after the SET
+	// (PX), truncated to whole milliseconds. It must be at least one
+	// millisecond; a negative Expiry is an error.
+	Expiry time.Duration
+	// FencingToken, when not zero, is sent as __ft: the key is then protected
+	// by this token, or the SET must carry a token at least as new as the one
+	// protecting the key.
+	FencingToken hlc.Timestamp
+	// Persist asks the service to persist the key to disk
+	// (aio-persistence=true).
+	Persist bool
+}
+
+// DelOptions are the options of [Client.Del] and [Client.VDel]. The zero
+// value is a plain delete.
+type DelOptions struct {
+	// FencingToken, when not zero, is sent as __ft; a fenced key can only be
+	// deleted with a token at least as new as its own.
+	FencingToken hlc.Timestamp
+}
+
+// GetResult is the result of [Client.Get].
+type GetResult struct {
+	Value   []byte        // the value; nil when not Found
+	Version hlc.Timestamp // the key's version; zero when not Found
+	Found   bool
+}
+
+// SetResult is the result of [Client.Set].
+type SetResult struct {
+	// Applied is false when the Condition kept the SET from being applied;
+	// that is not an error.
+	Applied bool
+	// Version is the key's new version when Applied, and the version of the
+	// value that stayed otherwise.
+	Version hlc.Timestamp
+}
+
+// DelResult is the result of [Client.Del] and [Client.VDel].
+type DelResult struct {
+	Deleted  bool          // the key existed (and, for VDel, held the value) and is gone
+	Mismatch bool          // VDel only: the key exists with another value and was kept
+	Version  hlc.Timestamp // the key's version, where it had one
+}
+
+// Get returns the value and version of key. A missing key is not an error:
+// Found is false.
+func (c *Client) Get(ctx context.Context, key string) (GetResult, error) {
+	payload := command(nil, "GET", key)
+	r, err := c.do(ctx, verbGet, payload, hlc.Timestamp{}, false)
+	if err != nil {
+		return GetResult{}, err
+	}
+	return getResult(r)
+}
+
+// Set sets key to value under the given options. A SET whose Condition is not
+// met is not an error: Applied is false.
+func (c *Client) Set(ctx context.Context, key string, value []byte, opts SetOptions) (SetResult, error) {
+	var cond string
+	switch opts.Condition {
+	case Always:
+	case IfNotExists:
+		cond = "NX"
+	case IfEqualOrNotExists:
+		cond = "NEX"
+	default:
+		return SetResult{}, fmt.Errorf("%w: unknown Condition %d", ErrInvalidOption, opts.Condition)
+	}
+	var ms int64
+	switch {
+	case opts.Expiry < 0:
+		return SetResult{}, fmt.Errorf("%w: negative Expiry %v", ErrInvalidOption, opts.Expiry)
+	case opts.Expiry > 0 && opts.Expiry < time.Millisecond:
+		return SetResult{}, fmt.Errorf("%w: Expiry %v is less than the 1ms resolution of the state store", ErrInvalidOption, opts.Expiry)
+	case opts.Expiry > 0:
+		ms = opts.Expiry.Milliseconds()
+	}
+	if err := checkToken(opts.FencingToken); err != nil {
+		return SetResult{}, err
+	}
+	var msBuf [20]byte
+	msText := strconv.AppendInt(msBuf[:0], ms, 10)
+	n := 3
+	if cond != "" {
+		n++
+	}
+	if ms > 0 {
+		n += 2
+	}
+	payload := make([]byte, 0, 64+len(key)+len(value))
+	payload = resp.AppendArrayHeader(payload, n)
+	payload = resp.AppendBulkString(payload, "SET")
+	payload = resp.AppendBulkString(payload, key)
+	payload = resp.AppendBulk(payload, value)
+	if cond != "" {
+		payload = resp.AppendBulkString(payload, cond)
+	}
+	if ms > 0 {
+		payload = resp.AppendBulkString(payload, "PX")
+		payload = resp.AppendBulk(payload, msText)
+	}
+	r, err := c.do(ctx, verbSet, payload, opts.FencingToken, opts.Persist)
+	if err != nil {
+		return SetResult{}, err
+	}
+	return setResult(r)
+}
+
+// Del deletes key. Deleting a missing key is not an error: Deleted is false.
+func (c *Client) Del(ctx context.Context, key string, opts DelOptions) (DelResult, error) {
+	if err := checkToken(opts.FencingToken); err != nil {
+		return DelResult{}, err
+	}
+	r, err := c.do(ctx, verbDel, command(nil, "DEL", key), opts.FencingToken, false)
+	if err != nil {
+		return DelResult{}, err
+	}
+	return delResult(verbDel, r)
+}
+
+// VDel deletes key only if it holds value. When it holds another value the
+// key stays and Mismatch is true; neither case is an error.
+func (c *Client) VDel(ctx context.Context, key string, value []byte, opts DelOptions) (DelResult, error) {
+	if err := checkToken(opts.FencingToken); err != nil {
+		return DelResult{}, err
+	}
+	payload := make([]byte, 0, 32+len(key)+len(value))
+	payload = resp.AppendArrayHeader(payload, 3)
+	payload = resp.AppendBulkString(payload, "VDEL")
+	payload = resp.AppendBulkString(payload, key)
+	payload = resp.AppendBulk(payload, value)
+	r, err := c.do(ctx, verbVDel, payload, opts.FencingToken, false)
+	if err != nil {
+		return DelResult{}, err
+	}
+	return delResult(verbVDel, r)
+}
+
+func checkToken(t hlc.Timestamp) error {
+	if t.IsZero() {
+		return nil
+	}
+	if err := t.Validate(); err != nil {
+		return fmt.Errorf("%w: FencingToken: %w", ErrInvalidOption, err)
+	}
+	return nil
+}
+
+// command encodes verb, key and any further string arguments.
+func command(dst []byte, verb, key string, args ...string) []byte {
+	if dst == nil {
+		dst = make([]byte, 0, 24+len(verb)+len(key)+16*len(args))
+	}
+	dst = resp.AppendArrayHeader(dst, 2+len(args))
+	dst = resp.AppendBulkString(dst, verb)
+	dst = resp.AppendBulkString(dst, key)
+	for _, a := range args {
+		dst = resp.AppendBulkString(dst, a)
+	}
+	return dst
+}
+
+// pending is a request waiting for its response.
+type pending struct {
+	ch     chan result        // receives exactly one result, from whoever removes the entry
+	gen    atomic.Uint64      // connection the request was last handed to; 0 before
+	cancel context.CancelFunc // cancels the request's context
+}
+
+type result struct {
+	pub *paho.Publish
+	err error
+	seq uint64 // notifications routed before this response
+}
+
+func (c *Client) register(p *pending) [16]byte {
+	var corr [16]byte
+	for {
+		_, _ = rand.Read(corr[:])
+		c.pmu.Lock()
+		if _, dup := c.pending[corr]; !dup {
+			c.pending[corr] = p
+			c.pmu.Unlock()
+			return corr
+		}
+		c.pmu.Unlock()
+	}
+}
+
+// unregister removes the entry of corr and reports whether it was there. When
+// it was not, its result has been or is being sent on its channel.
+func (c *Client) unregister(corr [16]byte) bool {
+	c.pmu.Lock()
+	_, ok := c.pending[corr]
+	delete(c.pending, corr)
+	c.pmu.Unlock()
+	return ok
+}
+
+// complete delivers res to the request with correlation data corr, if it is
+// still waiting.
+func (c *Client) complete(corr [16]byte, res result) bool {
+	c.pmu.Lock()
+	p := c.pending[corr]
+	delete(c.pending, corr)
+	c.pmu.Unlock()
+	if p == nil {
+		return false
+	}
+	p.ch <- res // buffered; only the remover sends
+	return true
+}
+
+// failPending fails every request for which match is true with err, and
+// returns how many it failed.
+func (c *Client) failPending(match func(*pending) bool, err error) int {
+	var failed []*pending
+	c.pmu.Lock()
+	for corr, p := range c.pending {
+		if match(p) {
+			delete(c.pending, corr)
+			failed = append(failed, p)
+		}
+	}
+	c.pmu.Unlock()
+	for _, p := range failed {
+		p.ch <- result{err: err}
+		p.cancel()
+	}
+	return len(failed)
+}
+
+// handleResponse runs on paho's receiving goroutine: it hands a response to
+// its request and drops what nobody waits for.
+func (c *Client) handleResponse(p *paho.Publish) {
+	if p.Properties == nil || len(p.Properties.CorrelationData) != 16 {
+		c.log.Debug("dropped response without valid correlation data")
+		return
+	}
+	corr := [16]byte(p.Properties.CorrelationData)
+	if !c.complete(corr, result{pub: p, seq: c.nseq.Load()}) {
+		c.log.Debug("dropped response to a request no longer waiting")
+	}
+}
+
+// do sends one request and returns its decoded response. It never returns
+// later than ctx's deadline (or RequestTimeout when ctx has none).
+func (c *Client) do(ctx context.Context, v verb, payload []byte, ft hlc.Timestamp, persist bool) (reply, error) {
+	return c.doRequest(ctx, v, payload, func(u paho.UserProperties) paho.UserProperties {
+		u = append(u, paho.UserProperty{Key: wire.PropTimestamp, Value: c.clock.Now().String()})
+		if !ft.IsZero() {
+			u = append(u, paho.UserProperty{Key: wire.PropFencingToken, Value: ft.String()})
+		}
+		if persist {
+			u = append(u, paho.UserProperty{Key: wire.PropPersistence, Value: "true"})
+		}
+		return u
+	})
+}
+
+// doRequest is do with the request's own user properties added by props
+// (tests send raw requests through it).
+func (c *Client) doRequest(ctx context.Context, v verb, payload []byte, props func(paho.UserProperties) paho.UserProperties) (reply, error) {
+	if c.closed.Load() {
+		return reply{}, ErrClosed
+	}
+	var cancel context.CancelFunc
+	if _, ok := ctx.Deadline(); ok {
+		ctx, cancel = context.WithCancel(ctx)
+	} else {
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.RequestTimeout)
+	}
+	defer cancel()
+
+	p := &pending{ch: make(chan result, 1), cancel: cancel}
+	corr := c.register(p)
+	if c.closed.Load() { // Close may have failed the pending requests just before
+		c.unregister(corr)
+		return reply{}, ErrClosed
+	}
+	user := make(paho.UserProperties, 0, 7)
+	user = append(user,
+		paho.UserProperty{Key: wire.PropProtocolVer, Value: wire.ProtocolVersion},
+		paho.UserProperty{Key: wire.PropSourceID, Value: c.id},
+		paho.UserProperty{Key: "$partition", Value: c.id})
+	var expiry uint32
+	pub := &paho.Publish{
+		QoS:     1,
+		Topic:   c.invokeTopic,
+		Payload: payload,
+		Properties: &paho.PublishProperties{
+			CorrelationData: corr[:],
+			ContentType:     wire.ContentType,
+			ResponseTopic:   c.respTopic,
+			MessageExpiry:   &expiry,
+			User:            props(user),
+		},
+	}
+
+	res, err := c.exchange(ctx, p, corr, pub, &expiry)
+	if err != nil {
+		return reply{}, fmt.Errorf("sskv: %s: %w", v, err)
+	}
+	if res.err != nil {
+		if errors.Is(res.err, ErrConnectionLost) || errors.Is(res.err, ErrClosed) {
+			return reply{}, fmt.Errorf("sskv: %s: %w", v, res.err)
+		}
+		return reply{}, res.err
+	}
+	var props2 paho.UserProperties
+	if res.pub.Properties != nil {
+		props2 = res.pub.Properties.User
+	}
+	r, err := decodeResponse(res.pub.Payload, props2)
+	if err != nil {
+		return reply{}, err
+	}
+	r.seq = res.seq
+	if !r.version.IsZero() {
+		if _, err := c.clock.Update(r.version); err != nil {
+			c.log.Debug("clock not updated from a response version", "version", r.version, "error", err)
+		}
+	}
+	return r, nil
+}
+
+// exchange publishes pub and waits for its response. It retries the PUBLISH
+// only while it is certain that the broker never got it.
+func (c *Client) exchange(ctx context.Context, p *pending, corr [16]byte, pub *paho.Publish, expiry *uint32) (result, error) {
+	var lastGen uint64
+	for {
+		st, err := c.waitReady(ctx, lastGen)
+		if err != nil {
+			if !c.unregister(corr) {
+				return <-p.ch, nil
+			}
+			return result{}, err
+		}
+		p.gen.Store(st.gen)
+		*expiry = expirySeconds(ctx)
+		pr, err := c.cm.Publish(ctx, pub)
+		if err == nil {
+			break
+		}
+		select {
+		case res := <-p.ch: // answered, or failed by Close or a lost session
+			return res, nil
+		default:
+		}
+		if notSent(err) && !c.closed.Load() && ctx.Err() == nil {
+			c.log.Debug("request not sent; waiting for the connection", "error", err)
+			lastGen = st.gen
+			continue
+		}
+		if !c.unregister(corr) {
+			return <-p.ch, nil
+		}
+		switch {
+		case c.closed.Load():
+			return result{}, ErrClosed
+		case ctx.Err() != nil:
+			return result{}, ctx.Err()
+		case notSent(err), errors.Is(err, paho.ErrInvalidArguments):
+			return result{}, err
+		case pr != nil && pr.ReasonCode >= 0x80:
+			return result{}, fmt.Errorf("%w: PUBACK reason 0x%02x: %w", ErrPublishRejected, pr.ReasonCode, err)
+		}
+		return result{}, fmt.Errorf("%w: %w", ErrConnectionLost, err)
+	}
+	select {
+	case res := <-p.ch:
+		return res, nil
+	case <-ctx.Done():
+		if !c.unregister(corr) {
+			return <-p.ch, nil
+		}
+		if c.closed.Load() {
+			return result{}, ErrClosed
+		}
+		return result{}, ctx.Err()
+	}
+}
+
+// notSent reports whether a Publish error means paho never took the message:
+// the connection was down before it was added to the session.
+func notSent(err error) bool {
+	return errors.Is(err, autopaho.ConnectionDownError) || errors.Is(err, session.ErrNoConnection)
+}
+
+// expirySeconds is the Message Expiry of a request: the time left before
+// ctx's deadline in whole seconds, rounded up, at least 1.
+func expirySeconds(ctx context.Context) uint32 {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return uint32(DefaultRequestTimeout / time.Second)
+	}
+	left := time.Until(d)
+	if left <= time.Second {
+		return 1
+	}
+	s := (left + time.Second - 1) / time.Second
+	if s > 1<<32-1 {
+		return 1<<32 - 1
+	}
+	return uint32(s)
+}

@@ -1,0 +1,642 @@
+package sskv
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/eclipse/paho.golang/paho"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/sskv/internal/resp"
+	"github.com/dsslock/dsslock/sskv/internal/wire"
+)
+
+// Op is the kind of change an [Event] reports.
+type Op uint8
+
+const (
+	// OpSet: the key was set; Event.Value holds its value.
+	OpSet Op = iota + 1
+	// OpDelete: the key was deleted or expired; Event.Value is nil.
+	OpDelete
+)
+
+func (o Op) String() string {
+	switch o {
+	case OpSet:
+		return "SET"
+	case OpDelete:
+		return "DELETE"
+	}
+	return "Op(" + strconv.Itoa(int(o)) + ")"
+}
+
+// Event is a change of a watched key.
+type Event struct {
+	Key string
+	Op  Op
+	// Value is the new value for OpSet, nil for OpDelete. It may be shared
+	// with other watchers of the key: do not modify it.
+	Value []byte
+	// Version is the key's new version for OpSet, and the service's time of
+	// the deletion for OpDelete. It is zero in a Resync event reporting a
+	// deletion the client did not see happen (the service gives no version
+	// for a missing key).
+	Version hlc.Timestamp
+	// Resync marks an event that reports the key's latest known state in
+	// place of changes the watcher did not get one by one: changes made
+	// while the connection was down, or events coalesced because the
+	// watcher did not keep up.
+	Resync bool
+}
+
+// Watcher receives the changes of one key. Create one with [Client.Watch].
+//
+// Events are delivered in version order and none twice. Each Watcher buffers
+// Config.WatchBuffer events; a consumer that falls further behind never
+// blocks the connection or other watchers: its later events are coalesced
+// into a single Resync event carrying the key's latest known state, delivered
+// after the buffered ones as soon as the consumer reads again. So the last
+// event a watcher receives always reflects the latest state the client knows,
+// and its memory stays bounded.
+type Watcher struct {
+	c      *Client
+	key    string
+	out    chan Event
+	wake   chan struct{} // buffered: the forwarder has something to do
+	done   chan struct{} // closed when the watcher ends
+	exited chan struct{} // closed when the forwarder has closed out
+
+	// Guarded by c.wmu.
+	reg       *registration
+	q         []Event // ring buffer of pending events
+	head, n   int
+	resync    bool // a Resync event is owed after the queue
+	ended     bool
+	err       error
+	stopAfter func() bool
+}
+
+// registration is the client's watch of one key, shared by its watchers.
+// Guarded by c.wmu.
+type registration struct {
+	key      string
+	watchers []*Watcher
+	known    keyState // the latest state known
+	lastSeq  uint64   // sequence number of the last notification applied
+	// Between a disconnect and the GET that follows re-registration,
+	// notifications update known without being delivered; base is the state
+	// last delivered before it.
+	resyncing bool
+	base      keyState
+	initial   bool          // the first sync (at Watch) has not finished
+	syncGen   uint64        // connection of the latest sync started
+	ready     chan struct{} // closed when the first sync ends (err says how)
+	err       error
+}
+
+type keyState struct {
+	exists  bool
+	value   []byte
+	version hlc.Timestamp
+}
+
+func (s keyState) same(t keyState) bool {
+	if s.exists != t.exists {
+		return false
+	}
+	return !s.exists || s.version == t.version
+}
+
+func (reg *registration) beginResync() {
+	if !reg.resyncing {
+		reg.resyncing = true
+		reg.base = reg.known
+	}
+}
+
+// Watch starts watching key and returns once the watch is registered with the
+// service: every change made after Watch returns is delivered on
+// [Watcher.Events]. Watchers of the same key share one registration, which is
+// ended (KEYNOTIFY STOP) when the last of them stops.
+//
+// The watch survives reconnects: the client registers it again by itself,
+// reads the key, and delivers one Resync event if the key changed while the
+// connection was down. The watch ends, and the Events channel is closed,
+// when ctx is done, Stop is called, the Client is closed, or the service
+// refuses to register it again after a reconnect; [Watcher.Err] says which.
+func (c *Client) Watch(ctx context.Context, key string) (*Watcher, error) {
+	w, reg, err := c.attach(ctx, key)
+	if err != nil {
+		return nil, fmt.Errorf("sskv: watch: %w", err)
+	}
+	if err := c.awaitSynced(ctx, reg); err != nil {
+		w.end(err, true)
+		return nil, fmt.Errorf("sskv: watch: %w", err)
+	}
+	c.wmu.Lock()
+	if !w.ended {
+		w.stopAfter = context.AfterFunc(ctx, func() { w.end(ctx.Err(), true) })
+	}
+	err = w.err
+	c.wmu.Unlock()
+	if err != nil {
+		return nil, fmt.Errorf("sskv: watch: %w", err)
+	}
+	return w, nil
+}
+
+// attach adds a watcher of key, creating the key's registration if needed.
+func (c *Client) attach(ctx context.Context, key string) (*Watcher, *registration, error) {
+	c.wmu.Lock()
+	for {
+		if c.closed.Load() {
+			c.wmu.Unlock()
+			return nil, nil, ErrClosed
+		}
+		ch, ok := c.stopping[key]
+		if !ok {
+			break
+		}
+		c.wmu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		case <-c.ctx.Done():
+			return nil, nil, ErrClosed
+		}
+		c.wmu.Lock()
+	}
+	reg := c.regs[key]
+	if reg == nil {
+		reg = &registration{key: key, resyncing: true, initial: true, ready: make(chan struct{})}
+		c.regs[key] = reg
+	}
+	w := &Watcher{
+		c:      c,
+		key:    key,
+		reg:    reg,
+		out:    make(chan Event),
+		wake:   make(chan struct{}, 1),
+		done:   make(chan struct{}),
+		exited: make(chan struct{}),
+		q:      make([]Event, c.cfg.WatchBuffer),
+	}
+	reg.watchers = append(reg.watchers, w)
+	c.wmu.Unlock()
+	if !c.spawn(w.run) {
+		close(w.out)
+		close(w.exited)
+		w.end(ErrClosed, false)
+		return nil, nil, ErrClosed
+	}
+	return w, reg, nil
+}
+
+// awaitSynced registers reg with the service unless it is already, and waits
+// until its baseline is known.
+func (c *Client) awaitSynced(ctx context.Context, reg *registration) error {
+	for {
+		c.wmu.Lock()
+		initial, ready := reg.initial, reg.ready
+		c.wmu.Unlock()
+		if !initial {
+			break
+		}
+		st, err := c.waitReady(ctx, 0)
+		if err != nil {
+			return err
+		}
+		if st.notifyErr != nil {
+			return st.notifyErr
+		}
+		c.wmu.Lock()
+		reg.syncGen = max(reg.syncGen, st.gen)
+		gen := reg.syncGen
+		c.wmu.Unlock()
+		err = c.syncReg(ctx, reg, gen)
+		if errors.Is(err, ErrConnectionLost) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		select {
+		case <-ready:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-c.ctx.Done():
+			return ErrClosed
+		}
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return reg.err
+}
+
+// syncReg sends KEYNOTIFY for reg, then GETs the key to learn its state and
+// ends reg's resync (for connection gen; a sync for an older connection
+// changes nothing).
+func (c *Client) syncReg(ctx context.Context, reg *registration, gen uint64) error {
+	r, err := c.do(ctx, verbKeyNotify, command(nil, "KEYNOTIFY", reg.key), hlc.Timestamp{}, false)
+	if err == nil {
+		err = keyNotifyResult(verbKeyNotify, r)
+	}
+	if err != nil {
+		return err
+	}
+	r, err = c.do(ctx, verbGet, command(nil, "GET", reg.key), hlc.Timestamp{}, false)
+	if err != nil {
+		return err
+	}
+	g, err := getResult(r)
+	if err != nil {
+		return err
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if !reg.resyncing || gen != reg.syncGen {
+		return nil
+	}
+	// A notification routed after the GET's response is newer than it.
+	if reg.lastSeq <= r.seq {
+		switch {
+		case g.Found && (reg.known.version.IsZero() || !reg.known.version.After(g.Version)):
+			reg.known = keyState{exists: true, value: g.Value, version: g.Version}
+		case !g.Found && reg.known.exists:
+			reg.known = keyState{version: reg.known.version}
+		}
+	}
+	reg.resyncing = false
+	if reg.initial {
+		reg.initial = false
+		close(reg.ready)
+		return nil
+	}
+	if !reg.known.same(reg.base) {
+		for _, w := range reg.watchers {
+			w.markResync()
+		}
+	}
+	return nil
+}
+
+// resyncWatches re-registers, after connection gen came up, every watch not
+// yet synced on it.
+func (c *Client) resyncWatches(gen uint64) {
+	c.wmu.Lock()
+	var regs []*registration
+	for _, reg := range c.regs {
+		if reg.syncGen < gen {
+			reg.beginResync()
+			reg.syncGen = gen
+			regs = append(regs, reg)
+		}
+	}
+	c.wmu.Unlock()
+	if len(regs) == 0 {
+		return
+	}
+	if err := c.state.Load().notifyErr; err != nil {
+		for _, reg := range regs {
+			c.endRegistration(reg, err)
+		}
+		return
+	}
+	var g errgroup.Group
+	g.SetLimit(16)
+	for _, reg := range regs {
+		g.Go(func() error {
+			c.resyncOne(reg, gen)
+			return nil
+		})
+	}
+	_ = g.Wait()
+}
+
+func (c *Client) resyncOne(reg *registration, gen uint64) {
+	b := retryBackoff(c.cfg.ReconnectMin, c.cfg.ReconnectMax)
+	for {
+		c.wmu.Lock()
+		live := c.regs[reg.key] == reg
+		c.wmu.Unlock()
+		if !live {
+			return // its last watcher stopped meanwhile
+		}
+		ctx, cancel := context.WithTimeout(c.ctx, c.cfg.RequestTimeout)
+		err := c.syncReg(ctx, reg, gen)
+		cancel()
+		if err == nil || c.ctx.Err() != nil || c.state.Load().gen != gen {
+			return // done, closing, or the next connection's setup takes over
+		}
+		var se *ServiceError
+		if errors.As(err, &se) {
+			c.log.Warn("watch refused on re-registration", "key", reg.key, "error", err)
+			c.endRegistration(reg, err)
+			return
+		}
+		c.log.Debug("watch re-registration failed; retrying", "key", reg.key, "error", err)
+		t := time.NewTimer(b.NextBackOff())
+		select {
+		case <-t.C:
+		case <-c.ctx.Done():
+			t.Stop()
+			return
+		}
+	}
+}
+
+// endRegistration ends every watcher of reg with err.
+func (c *Client) endRegistration(reg *registration, err error) {
+	c.wmu.Lock()
+	if c.regs[reg.key] == reg {
+		delete(c.regs, reg.key)
+	}
+	reg.err = err
+	if reg.initial {
+		reg.initial = false
+		close(reg.ready)
+	}
+	ws := append([]*Watcher(nil), reg.watchers...)
+	c.wmu.Unlock()
+	for _, w := range ws {
+		w.end(err, false)
+	}
+}
+
+// closeWatches ends every watcher when the client closes.
+func (c *Client) closeWatches() {
+	c.wmu.Lock()
+	var ws []*Watcher
+	for key, reg := range c.regs {
+		ws = append(ws, reg.watchers...)
+		delete(c.regs, key)
+	}
+	c.wmu.Unlock()
+	for _, w := range ws {
+		w.end(ErrClosed, false)
+	}
+}
+
+// notification is a decoded KEYNOTIFY notification.
+type notification struct {
+	op      Op
+	value   []byte
+	version hlc.Timestamp
+}
+
+// parseNotification decodes a notification's payload and user properties:
+// "NOTIFY SET VALUE v" or "NOTIFY DELETE" (or "DEL"), with __ts. It never
+// panics, whatever the input.
+func parseNotification(payload []byte, user paho.UserProperties) (notification, error) {
+	var n notification
+	ts, ok := "", false
+	for _, p := range user {
+		if p.Key == wire.PropTimestamp {
+			ts, ok = p.Value, true
+		}
+	}
+	if !ok {
+		return n, errors.New("notification without __ts")
+	}
+	var err error
+	if n.version, err = hlc.Parse(ts); err != nil {
+		return n, err
+	}
+	var buf [4][]byte
+	args, err := resp.ParseCommand(payload, buf[:0])
+	if err != nil {
+		return n, err
+	}
+	if len(args) < 2 || !bytes.EqualFold(args[0], []byte("NOTIFY")) {
+		return n, errors.New("not a NOTIFY")
+	}
+	switch {
+	case bytes.EqualFold(args[1], []byte("SET")) && len(args) == 4 && bytes.EqualFold(args[2], []byte("VALUE")):
+		n.op, n.value = OpSet, args[3]
+	case (bytes.EqualFold(args[1], []byte("DELETE")) || bytes.EqualFold(args[1], []byte("DEL"))) && len(args) == 2:
+		n.op = OpDelete
+	default:
+		return n, fmt.Errorf("unknown notification %q with %d arguments", args[1], len(args))
+	}
+	return n, nil
+}
+
+// handleNotification runs on paho's receiving goroutine.
+func (c *Client) handleNotification(key []byte, p *paho.Publish) {
+	var user paho.UserProperties
+	if p.Properties != nil {
+		user = p.Properties.User
+	}
+	n, err := parseNotification(p.Payload, user)
+	if err != nil {
+		c.log.Warn("dropped malformed notification", "key", string(key), "error", err)
+		return
+	}
+	if _, err := c.clock.Update(n.version); err != nil {
+		c.log.Debug("clock not updated from a notification", "version", n.version, "error", err)
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	seq := c.nseq.Add(1)
+	reg := c.regs[string(key)]
+	if reg == nil {
+		return
+	}
+	reg.lastSeq = seq
+	known := &reg.known
+	switch n.op {
+	case OpSet:
+		if !known.version.IsZero() && !n.version.After(known.version) {
+			return // a duplicate or stale notification
+		}
+		*known = keyState{exists: true, value: n.value, version: n.version}
+	case OpDelete:
+		if !known.exists || !n.version.After(known.version) {
+			if n.version.After(known.version) {
+				known.version = n.version
+			}
+			return
+		}
+		*known = keyState{version: n.version}
+	}
+	if reg.resyncing {
+		return
+	}
+	ev := Event{Key: reg.key, Op: n.op, Value: n.value, Version: n.version}
+	for _, w := range reg.watchers {
+		w.enqueue(ev)
+	}
+}
+
+// Events returns the channel of the watcher's events. It is closed when the
+// watch ends.
+func (w *Watcher) Events() <-chan Event { return w.out }
+
+// Key returns the watched key.
+func (w *Watcher) Key() string { return w.key }
+
+// Err returns why the watch ended: nil while it runs and after Stop, ctx's
+// error when the context given to Watch ended, ErrClosed when the Client was
+// closed, or the service's error when it refused to register the watch again
+// after a reconnect.
+func (w *Watcher) Err() error {
+	w.c.wmu.Lock()
+	defer w.c.wmu.Unlock()
+	return w.err
+}
+
+// Stop ends the watch and closes the Events channel before it returns. When
+// it is the key's last watcher, Stop also ends the registration with the
+// service (KEYNOTIFY STOP, bounded by RequestTimeout; skipped while
+// disconnected, since the service ends watches on disconnect). Stop is
+// idempotent.
+func (w *Watcher) Stop() { w.end(nil, true) }
+
+// end ends the watcher with err. unregister sends KEYNOTIFY STOP when it was
+// the key's last watcher.
+func (w *Watcher) end(err error, unregister bool) {
+	c := w.c
+	c.wmu.Lock()
+	if w.ended {
+		c.wmu.Unlock()
+		<-w.exited
+		return
+	}
+	w.ended, w.err = true, err
+	close(w.done)
+	reg := w.reg
+	for i, o := range reg.watchers {
+		if o == w {
+			reg.watchers = append(reg.watchers[:i], reg.watchers[i+1:]...)
+			break
+		}
+	}
+	var stopped chan struct{}
+	if len(reg.watchers) == 0 && c.regs[reg.key] == reg {
+		delete(c.regs, reg.key)
+		if unregister && !c.closed.Load() {
+			stopped = make(chan struct{})
+			c.stopping[reg.key] = stopped
+		}
+	}
+	stopAfter := w.stopAfter
+	c.wmu.Unlock()
+	if stopAfter != nil {
+		stopAfter()
+	}
+	<-w.exited
+	if stopped != nil {
+		c.sendStop(reg.key)
+		c.wmu.Lock()
+		delete(c.stopping, reg.key)
+		c.wmu.Unlock()
+		close(stopped)
+	}
+}
+
+// sendStop ends the service's watch of key, if connected.
+func (c *Client) sendStop(key string) {
+	c.bgMu.Lock()
+	if c.bgClosed {
+		c.bgMu.Unlock()
+		return
+	}
+	c.wg.Add(1)
+	c.bgMu.Unlock()
+	defer c.wg.Done()
+	if !c.state.Load().ready {
+		return
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.RequestTimeout)
+	defer cancel()
+	r, err := c.do(ctx, verbKeyNotifyStop, command(nil, "KEYNOTIFY", key, "STOP"), hlc.Timestamp{}, false)
+	if err == nil {
+		err = keyNotifyResult(verbKeyNotifyStop, r)
+	}
+	if err != nil {
+		c.log.Debug("KEYNOTIFY STOP failed", "key", key, "error", err)
+	}
+}
+
+// enqueue queues ev, or owes a Resync event when the buffer is full. The
+// caller holds c.wmu.
+func (w *Watcher) enqueue(ev Event) {
+	if w.ended {
+		return
+	}
+	if w.resync || w.n == len(w.q) {
+		w.resync = true
+	} else {
+		w.q[(w.head+w.n)%len(w.q)] = ev
+		w.n++
+	}
+	w.signal()
+}
+
+// markResync owes the watcher a Resync event. The caller holds c.wmu.
+func (w *Watcher) markResync() {
+	if w.ended {
+		return
+	}
+	w.resync = true
+	w.signal()
+}
+
+func (w *Watcher) signal() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// next pops the next event to deliver. The caller holds c.wmu.
+func (w *Watcher) next() (Event, bool) {
+	if w.n > 0 {
+		ev := w.q[w.head]
+		w.q[w.head] = Event{}
+		w.head = (w.head + 1) % len(w.q)
+		w.n--
+		return ev, true
+	}
+	if w.resync {
+		w.resync = false
+		k := w.reg.known
+		ev := Event{Key: w.key, Op: OpDelete, Version: k.version, Resync: true}
+		if k.exists {
+			ev.Op, ev.Value = OpSet, k.value
+		}
+		return ev, true
+	}
+	return Event{}, false
+}
+
+// run forwards the watcher's events to its channel until it ends.
+func (w *Watcher) run() {
+	defer close(w.exited)
+	defer close(w.out)
+	for {
+		w.c.wmu.Lock()
+		ev, ok := w.next()
+		w.c.wmu.Unlock()
+		if !ok {
+			select {
+			case <-w.wake:
+				continue
+			case <-w.done:
+				return
+			}
+		}
+		select {
+		case w.out <- ev:
+		case <-w.done:
+			return
+		}
+	}
+}
