@@ -2,6 +2,8 @@ package sskv
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -53,7 +55,8 @@ type Client struct {
 	state     atomic.Pointer[connState]
 	stMu      sync.Mutex
 	stChanged chan struct{}
-	lastErr   atomic.Pointer[errBox] // last connection error, for Dial's error
+	lastErr   atomic.Pointer[errBox]                  // last connection error, for Dial's error
+	dialing   atomic.Pointer[context.CancelCauseFunc] // set while Dial waits: ends it on a permanent error
 
 	pmu     sync.Mutex
 	pending map[[16]byte]*pending
@@ -109,9 +112,14 @@ func newClient(cfg Config) (*Client, error) {
 
 // Dial connects to the broker at cfg.Addr and returns once the first
 // connection is up and the client's response and notification subscriptions
-// are acknowledged. If ctx ends first, Dial stops trying and returns ctx's
-// error, wrapped together with the last connection error. An invalid cfg is
-// reported at once with an error wrapping [ErrConfig].
+// are acknowledged. While the broker is unreachable it keeps trying; if ctx
+// ends first, Dial returns ctx's error, wrapped together with the last
+// connection error. A failure that retrying cannot cure ends Dial at once: a
+// refused CONNACK for identity or credentials (a *[ConnectError], e.g. reason
+// 0x86 bad user name or password), a server certificate that is not trusted
+// (the crypto/x509 error), or an unreadable PasswordFile or SATFile (the
+// fs error). An invalid cfg is reported at once with an error wrapping
+// [ErrConfig].
 //
 // After Dial returns, the client reconnects by itself whenever the connection
 // drops, with a jittered exponential backoff, until Close.
@@ -137,6 +145,12 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 		ReconnectBackoff:              reconnectBackoff(cfg.ReconnectMin, cfg.ReconnectMax),
 		ConnectTimeout:                cfg.RequestTimeout,
 		ConnectPacketBuilder:          c.buildConnect,
+		// Close means the client is done: end its session rather than leave
+		// the broker holding it for SessionExpiry.
+		DisconnectPacketBuilder: func() *paho.Disconnect {
+			zero := uint32(0)
+			return &paho.Disconnect{Properties: &paho.DisconnectProperties{SessionExpiryInterval: &zero}}
+		},
 		OnConnectionUp: func(_ *autopaho.ConnectionManager, ca *paho.Connack) {
 			c.ConnectionUp(ca)
 		},
@@ -145,7 +159,11 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 			return !c.closed.Load()
 		},
 		OnConnectError: func(err error) {
+			err = connectError(err)
 			c.lastErr.Store(&errBox{err})
+			if stop := c.dialing.Load(); stop != nil && permanent(err) {
+				(*stop)(err)
+			}
 			c.log.Debug("connection attempt failed", "error", err)
 		},
 		ClientConfig: paho.ClientConfig{
@@ -167,12 +185,82 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 	}
 	c.cm, c.ownsCM = cm, true
 	close(c.cmSet)
-	if err := c.awaitFirst(ctx); err != nil {
+	dctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	c.dialing.Store(&stop)
+	err = c.awaitFirst(dctx)
+	c.dialing.Store(nil)
+	if err != nil {
 		_ = c.Close()
+		if cause := context.Cause(dctx); cause != nil && ctx.Err() == nil && permanent(cause) {
+			err = cause // a permanent failure, not ctx's end
+		}
 		return nil, fmt.Errorf("sskv: dial %s: %w", cfg.Addr, err)
 	}
 	return c, nil
 }
+
+// connectError rewords autopaho's report of a refused CONNECT.
+func connectError(err error) error {
+	var ce *autopaho.ConnackError
+	if errors.As(err, &ce) {
+		msg := fmt.Sprintf("broker refused the connection: reason 0x%02x", ce.ReasonCode)
+		if name := connackReasons[ce.ReasonCode]; name != "" {
+			msg += " (" + name + ")"
+		}
+		if ce.Reason != "" {
+			msg += ": " + ce.Reason
+		}
+		return &ConnectError{ReasonCode: ce.ReasonCode, msg: msg, err: err}
+	}
+	return err
+}
+
+// ConnectError is a connection the broker refused in its CONNACK.
+type ConnectError struct {
+	ReasonCode byte // the MQTT v5 CONNACK reason code
+	msg        string
+	err        error
+}
+
+func (e *ConnectError) Error() string { return "sskv: " + e.msg }
+func (e *ConnectError) Unwrap() error { return e.err }
+
+var connackReasons = map[byte]string{
+	0x80: "unspecified error", 0x81: "malformed packet", 0x82: "protocol error",
+	0x83: "implementation specific error", 0x84: "unsupported protocol version",
+	0x85: "client identifier not valid", 0x86: "bad user name or password",
+	0x87: "not authorized", 0x88: "server unavailable", 0x89: "server busy",
+	0x8A: "banned", 0x8C: "bad authentication method", 0x97: "quota exceeded",
+	0x9F: "connection rate exceeded",
+}
+
+// permanent reports whether a failed connection attempt will fail the same
+// way when retried: the broker refused the client's identity or credentials,
+// the server's certificate is not trusted, or a credentials file cannot be
+// read. Dial gives up at once on these; a client that was connected keeps
+// retrying (a rotated secret or a fixed file may cure them).
+func permanent(err error) bool {
+	var ce *ConnectError
+	if errors.As(err, &ce) {
+		switch ce.ReasonCode {
+		case 0x84, 0x85, 0x86, 0x87, 0x8A, 0x8C:
+			return true
+		}
+		return false
+	}
+	var verr *tls.CertificateVerificationError
+	var unknownCA x509.UnknownAuthorityError
+	var hostErr x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	if errors.As(err, &verr) || errors.As(err, &unknownCA) || errors.As(err, &hostErr) || errors.As(err, &invalid) {
+		return true
+	}
+	return errors.Is(err, errCredentialsFile)
+}
+
+// errCredentialsFile marks a PasswordFile or SATFile that cannot be read.
+var errCredentialsFile = errors.New("credentials file unreadable")
 
 // DialEnv is [Dial] with the Config from [ConfigFromEnv].
 func DialEnv(ctx context.Context) (*Client, error) {
@@ -250,8 +338,10 @@ func (c *Client) awaitFirst(ctx context.Context) error {
 func (c *Client) ID() string { return c.id }
 
 // Close ends the client: requests in flight fail with [ErrClosed], every
-// Watcher's channel is closed, and the connection is closed (unless it came
-// from [NewFromConnection]). It waits for the client's goroutines to end.
+// Watcher's channel is closed, and the connection is closed with a
+// DISCONNECT that also ends the client's MQTT session, since nothing will
+// come back for it (unless the connection came from [NewFromConnection],
+// which Close leaves alone). It waits for the client's goroutines to end.
 // Close is idempotent and always returns nil.
 func (c *Client) Close() error {
 	c.closeOnce.Do(func() {
@@ -352,7 +442,10 @@ func (c *Client) ConnectionUp(connack *paho.Connack) {
 // to call it from OnConnectionDown. New requests wait for the next
 // connection; requests in flight keep waiting for their responses.
 func (c *Client) ConnectionDown() {
-	c.setState(func(old connState) connState { return connState{gen: old.gen} })
+	st := c.setState(func(old connState) connState { return connState{gen: old.gen} })
+	if !c.closed.Load() {
+		c.log.Info("connection lost; reconnecting", "connection", st.gen)
+	}
 	c.wmu.Lock()
 	for _, reg := range c.regs {
 		reg.beginResync()
@@ -420,7 +513,11 @@ func (c *Client) setup(gen uint64, sessionPresent bool) {
 		return connState{gen: gen, ready: true, err: respErr, notifyErr: notifyErr}
 	})
 	if st.gen == gen {
-		c.log.Debug("connection ready", "gen", gen, "sessionPresent", sessionPresent)
+		if gen > 1 {
+			c.log.Info("connection restored", "connection", gen, "sessionPresent", sessionPresent)
+		} else {
+			c.log.Debug("connection ready", "connection", gen, "sessionPresent", sessionPresent)
+		}
 		c.resyncWatches(gen)
 	}
 }
@@ -468,14 +565,14 @@ func (c *Client) buildConnect(cp *paho.Connect, _ *url.URL) (*paho.Connect, erro
 	case c.cfg.PasswordFile != "":
 		pw, err := os.ReadFile(c.cfg.PasswordFile)
 		if err != nil {
-			return nil, fmt.Errorf("sskv: reading PasswordFile: %w", err)
+			return nil, fmt.Errorf("sskv: reading PasswordFile: %w: %w", errCredentialsFile, err)
 		}
 		cp.Password, cp.PasswordFlag = pw, true
 	}
 	if c.cfg.SATFile != "" {
 		tok, err := os.ReadFile(c.cfg.SATFile)
 		if err != nil {
-			return nil, fmt.Errorf("sskv: reading SATFile: %w", err)
+			return nil, fmt.Errorf("sskv: reading SATFile: %w: %w", errCredentialsFile, err)
 		}
 		cp.Properties.AuthMethod = satMethod
 		cp.Properties.AuthData = tok

@@ -101,6 +101,10 @@
 // A watch ends, and its channel is closed, on [Watcher.Stop], when the
 // context given to Watch ends, when the client closes, or if the service
 // refuses to register it again after a reconnect; [Watcher.Err] tells which.
+// The context given to Watch bounds both the registration and the life of the
+// watch (as in etcd's Watch). When it ends, the channel closes at once and
+// the service's registration is ended in the background; [Watcher.Stop]
+// instead returns only after the service has been told.
 //
 // # Using an existing connection
 //
@@ -111,7 +115,8 @@
 //
 // # Logging
 //
-// The client logs through Config.Logger (log/slog; discarded by default):
-// connection changes at Info and Debug, dropped malformed notifications and
-// refused subscriptions at Warn. Late responses are logged at Debug only.
+// The client logs through Config.Logger (log/slog; discarded by default): a
+// lost and a restored connection at Info, each failed connection attempt at
+// Debug, dropped malformed notifications and refused subscriptions at Warn.
+// Late responses are logged at Debug only.
 package sskv

@@ -104,6 +104,10 @@ type keyState struct {
 	exists  bool
 	value   []byte
 	version hlc.Timestamp
+	// unseen marks a deletion learned from a GET, not from a notification:
+	// version is then the last version the client knew, not the time of the
+	// deletion, which the service does not tell.
+	unseen bool
 }
 
 func (s keyState) same(t keyState) bool {
@@ -270,7 +274,7 @@ func (c *Client) syncReg(ctx context.Context, reg *registration, gen uint64) err
 		case g.Found && (reg.known.version.IsZero() || !reg.known.version.After(g.Version)):
 			reg.known = keyState{exists: true, value: g.Value, version: g.Version}
 		case !g.Found && reg.known.exists:
-			reg.known = keyState{version: reg.known.version}
+			reg.known = keyState{version: reg.known.version, unseen: true}
 		}
 	}
 	reg.resyncing = false
@@ -608,9 +612,12 @@ func (w *Watcher) next() (Event, bool) {
 	if w.resync {
 		w.resync = false
 		k := w.reg.known
-		ev := Event{Key: w.key, Op: OpDelete, Version: k.version, Resync: true}
-		if k.exists {
-			ev.Op, ev.Value = OpSet, k.value
+		ev := Event{Key: w.key, Op: OpDelete, Resync: true}
+		switch {
+		case k.exists:
+			ev.Op, ev.Value, ev.Version = OpSet, k.value, k.version
+		case !k.unseen:
+			ev.Version = k.version
 		}
 		return ev, true
 	}
