@@ -1,0 +1,743 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/sskv"
+)
+
+// Exit statuses.
+const (
+	exitOK     = 0 // the command did what it was asked
+	exitError  = 1 // connection or service error, unreadable file, ...
+	exitUsage  = 2 // bad command line
+	exitNotMet = 3 // not found, not applied, value differs
+)
+
+const defaultAddr = "127.0.0.1:1883"
+
+// usageError is a bad command line: run prints it with the usage text and
+// exits with exitUsage.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error {
+	return usageError{fmt.Sprintf(format, args...)}
+}
+
+// connFlags are the connection flags, given before the command.
+type connFlags struct {
+	env          bool
+	addr         string
+	useTLS       bool
+	caFile       string
+	certFile     string
+	keyFile      string
+	insecure     bool
+	user         string
+	passwordFile string
+	satFile      string
+	clientID     string
+	timeout      time.Duration
+	verbose      bool
+
+	set map[string]bool // flags given explicitly
+}
+
+func newConnFlags(cf *connFlags) *flag.FlagSet {
+	fs := flag.NewFlagSet("sskv", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.BoolVar(&cf.env, "env", false, "take the connection from the AIO_* environment (sskv.ConfigFromEnv);\nconnection flags given explicitly override it")
+	fs.StringVar(&cf.addr, "addr", defaultAddr, "broker `host:port`")
+	fs.BoolVar(&cf.useTLS, "tls", false, "connect with TLS (implied by -ca, -cert, -key, -insecure-skip-verify)")
+	fs.StringVar(&cf.caFile, "ca", "", "PEM CA bundle `file` that verifies the broker (default: system roots)")
+	fs.StringVar(&cf.certFile, "cert", "", "PEM client certificate `file` (with -key)")
+	fs.StringVar(&cf.keyFile, "key", "", "PEM client private key `file` (with -cert)")
+	fs.BoolVar(&cf.insecure, "insecure-skip-verify", false, "do not verify the broker's certificate (development only)")
+	fs.StringVar(&cf.user, "user", "", "MQTT user `name`")
+	fs.StringVar(&cf.passwordFile, "password-file", "", "`file` holding the MQTT password")
+	fs.StringVar(&cf.satFile, "sat-file", "", "Kubernetes service account token `file` (K8S-SAT authentication)")
+	fs.StringVar(&cf.clientID, "client-id", "", "MQTT client `id` (default: random)")
+	fs.DurationVar(&cf.timeout, "timeout", sskv.DefaultRequestTimeout, "bound of the connection and of each request")
+	fs.BoolVar(&cf.verbose, "v", false, "log the client's connection events to stderr")
+	return fs
+}
+
+// cmdOpts are the flags of the commands; each command registers its own.
+type cmdOpts struct {
+	raw     bool
+	nx      bool
+	nex     bool
+	px      time.Duration
+	ft      hlc.Timestamp
+	persist bool
+	file    string
+}
+
+type command struct {
+	name     string
+	args     string // synopsis of the arguments
+	summary  string // one line, for the command list
+	doc      string // the command's help
+	flags    func(fs *flag.FlagSet, o *cmdOpts)
+	minArgs  int
+	maxArgs  int // -1: any number
+	fileArgs bool
+}
+
+func ftFlag(fs *flag.FlagSet, o *cmdOpts) {
+	fs.Func("ft", "fencing `token` (an HLC version, such as the one a lock's set printed)", func(s string) error {
+		t, err := hlc.Parse(s)
+		if err != nil {
+			return err
+		}
+		o.ft = t
+		return nil
+	})
+}
+
+func fileFlag(fs *flag.FlagSet, o *cmdOpts) {
+	fs.StringVar(&o.file, "file", "", "read VALUE from `file` (\"-\": standard input) instead of the command line")
+}
+
+var commands = []*command{
+	{
+		name:    "get",
+		args:    "[-raw] KEY",
+		summary: "print the value and version of KEY",
+		doc: `Prints the value of KEY on one line, then "(version V)".
+A value that is not printable UTF-8 (or is empty) is printed quoted, Go-style.
+A missing key prints "(not found)" to stderr and exits with status 3.`,
+		flags: func(fs *flag.FlagSet, o *cmdOpts) {
+			fs.BoolVar(&o.raw, "raw", false, "write the value's bytes exactly, and nothing else")
+		},
+		minArgs: 1, maxArgs: 1,
+	},
+	{
+		name:    "set",
+		args:    "KEY VALUE [-nx | -nex] [-px DURATION] [-ft TOKEN] [-persist] [-file FILE]",
+		summary: "set KEY to VALUE",
+		doc: `Prints "OK V", V being the key's new version (a fencing token, when KEY is a
+lock). When -nx or -nex keeps the value from being set, prints
+"NOT APPLIED (current version V)" and exits with status 3.`,
+		flags: func(fs *flag.FlagSet, o *cmdOpts) {
+			fs.BoolVar(&o.nx, "nx", false, "set only if KEY does not exist")
+			fs.BoolVar(&o.nex, "nex", false, "set only if KEY does not exist or already holds VALUE (renews a lease)")
+			fs.Func("px", "expire KEY after `DURATION` (10s, 1m30s, 500ms, or whole milliseconds)", func(s string) error {
+				d, err := time.ParseDuration(s)
+				if err != nil {
+					ms, err2 := strconv.ParseInt(s, 10, 64)
+					if err2 != nil {
+						return err
+					}
+					d = time.Duration(ms) * time.Millisecond
+				}
+				if d < time.Millisecond {
+					return errors.New("must be at least 1ms")
+				}
+				o.px = d
+				return nil
+			})
+			ftFlag(fs, o)
+			fs.BoolVar(&o.persist, "persist", false, "ask the service to persist KEY to disk")
+			fileFlag(fs, o)
+		},
+		minArgs: 2, maxArgs: 2, fileArgs: true,
+	},
+	{
+		name:    "del",
+		args:    "KEY [-ft TOKEN]",
+		summary: "delete KEY",
+		doc: `Prints "DELETED V", V being the version of the deleted value, or
+"NOT FOUND" (exit status 3).`,
+		flags:   ftFlag,
+		minArgs: 1, maxArgs: 1,
+	},
+	{
+		name:    "vdel",
+		args:    "KEY VALUE [-ft TOKEN] [-file FILE]",
+		summary: "delete KEY if it holds VALUE",
+		doc: `Prints "DELETED V", V being the version of the deleted value, "NOT FOUND",
+or "VALUE DIFFERS (current version V)" (both exit status 3).`,
+		flags: func(fs *flag.FlagSet, o *cmdOpts) {
+			ftFlag(fs, o)
+			fileFlag(fs, o)
+		},
+		minArgs: 2, maxArgs: 2, fileArgs: true,
+	},
+	{
+		name:    "watch",
+		args:    "KEY [KEY...]",
+		summary: "print the changes of the keys until interrupted",
+		doc: `Prints one line per change, until SIGINT (Ctrl-C) or SIGTERM:
+
+	TIME KEY OP VALUE VERSION [(resync)]
+
+TIME is when the change was received, OP is SET or DELETE, VALUE is "-" for
+DELETE, and is quoted, Go-style, when it is not printable UTF-8 or holds a
+space; VERSION is "-" when unknown. "(resync)" marks a line that sums up
+changes not seen one by one (during a reconnect, or when the output was
+too slow). Changes made before the watch started are not printed.`,
+		minArgs: 1, maxArgs: -1,
+	},
+}
+
+func findCommand(name string) *command {
+	for _, c := range commands {
+		if c.name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+func (c *command) flagSet(o *cmdOpts) *flag.FlagSet {
+	fs := flag.NewFlagSet(c.name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	if c.flags != nil {
+		c.flags(fs, o)
+	}
+	return fs
+}
+
+func (c *command) usage(w io.Writer) {
+	fmt.Fprintf(w, "Usage: sskv [connection flags] %s %s\n\n%s\n", c.name, c.args, c.doc)
+	fs := c.flagSet(&cmdOpts{})
+	n := 0
+	fs.VisitAll(func(*flag.Flag) { n++ })
+	if n > 0 {
+		fmt.Fprintf(w, "\nFlags (before or after the arguments; use -- before a VALUE that starts with '-'):\n")
+		fs.SetOutput(w)
+		fs.PrintDefaults()
+	}
+	fmt.Fprintf(w, "\nRun 'sskv -h' for the connection flags.\n")
+}
+
+// usage prints the usage text; short leaves out the connection flags and
+// examples.
+func usage(w io.Writer, short bool) {
+	fmt.Fprintf(w, `Usage: sskv [connection flags] COMMAND [arguments]
+
+sskv reads, writes and watches keys of the Azure IoT Operations state store.
+
+Commands:
+`)
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-7s %s\n          %s\n", c.name, c.args, c.summary)
+	}
+	fmt.Fprintf(w, `  help    [COMMAND]
+          show the help of COMMAND
+
+Exit status: 0 done; 1 error; 2 bad usage; 3 condition not met (get of a
+missing key, set not applied, del or vdel of a missing key, vdel of another
+value).
+`)
+	if short {
+		fmt.Fprintf(w, "\nRun 'sskv -h' for the connection flags and examples.\n")
+		return
+	}
+	fmt.Fprintf(w, "\nConnection flags:\n")
+	fs := newConnFlags(&connFlags{})
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+	fmt.Fprintf(w, `
+With -env, the connection comes from AIO_BROKER_HOSTNAME, AIO_BROKER_TCP_PORT,
+AIO_MQTT_USE_TLS, AIO_MQTT_CLIENT_ID, AIO_MQTT_USERNAME, AIO_MQTT_PASSWORD_FILE,
+AIO_SAT_FILE, AIO_TLS_CA_FILE, AIO_TLS_CERT_FILE, AIO_TLS_KEY_FILE, ... as in
+an Azure IoT Operations pod. If AIO_MQTT_CLIENT_ID is set, sskv connects with
+that client id, which disconnects any other client using it: give -client-id
+when running next to the application the environment belongs to.
+
+Examples:
+  go run ./examples/statestore &         # a local store on 127.0.0.1:1883
+  sskv set greeting hello
+  sskv get greeting
+  sskv set lock me -nx -px 10s           # prints OK V: V is a fencing token
+  sskv set data v1 -ft V                 # refused once data has a newer token
+  sskv vdel lock me
+  sskv watch greeting lock               # until Ctrl-C
+  echo -n payload | sskv set blob -file -
+  sskv -addr aio-broker:18883 -tls -ca ca.pem -sat-file /var/run/secrets/tokens/broker-sat get k
+  sskv -env watch k
+`)
+}
+
+// parseInterspersed parses fs from args, allowing flags after positional
+// arguments, and returns the positional arguments. Everything after "--" is
+// positional.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if consumed := len(args) - len(rest); consumed > 0 && args[consumed-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+}
+
+// run runs the command line args (without the program name) and returns the
+// exit status.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	var cf connFlags
+	gfs := newConnFlags(&cf)
+	if err := gfs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			usage(stdout, false)
+			return exitOK
+		}
+		fmt.Fprintf(stderr, "sskv: %v\n\n", err)
+		usage(stderr, true)
+		return exitUsage
+	}
+	cf.set = map[string]bool{}
+	gfs.Visit(func(f *flag.Flag) { cf.set[f.Name] = true })
+
+	args = gfs.Args()
+	if len(args) == 0 {
+		fmt.Fprintf(stderr, "sskv: no command\n\n")
+		usage(stderr, true)
+		return exitUsage
+	}
+	if args[0] == "help" {
+		switch {
+		case len(args) == 1:
+			usage(stdout, false)
+		case len(args) == 2 && findCommand(args[1]) != nil:
+			findCommand(args[1]).usage(stdout)
+		default:
+			fmt.Fprintf(stderr, "sskv: help %s: unknown command\n\n", strings.Join(args[1:], " "))
+			usage(stderr, true)
+			return exitUsage
+		}
+		return exitOK
+	}
+	cmd := findCommand(args[0])
+	if cmd == nil {
+		fmt.Fprintf(stderr, "sskv: unknown command %q\n\n", args[0])
+		usage(stderr, true)
+		return exitUsage
+	}
+
+	var o cmdOpts
+	pos, err := parseInterspersed(cmd.flagSet(&o), args[1:])
+	if err == nil {
+		err = checkArgs(cmd, &o, pos)
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		cmd.usage(stdout)
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "sskv: %s: %v\n", cmd.name, err)
+		if name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -"); ok && gfs.Lookup(strings.TrimPrefix(name, "-")) != nil {
+			fmt.Fprintf(stderr, "(-%s is a connection flag: give it before the command)\n", name)
+		}
+		fmt.Fprintln(stderr)
+		cmd.usage(stderr)
+		return exitUsage
+	}
+
+	cfg, err := cf.config(stderr)
+	if err != nil {
+		return fail(stderr, err)
+	}
+	var value []byte
+	if cmd.fileArgs {
+		if value, err = readValue(&o, pos, stdin); err != nil {
+			return fail(stderr, err)
+		}
+	}
+
+	dctx, cancel := context.WithTimeout(ctx, cf.timeout)
+	c, err := sskv.Dial(dctx, cfg)
+	cancel()
+	if err != nil {
+		return fail(stderr, err)
+	}
+	defer c.Close()
+
+	if cmd.name == "watch" {
+		return watch(ctx, c, pos, stdout, stderr)
+	}
+	rctx, cancel := context.WithTimeout(ctx, cf.timeout)
+	defer cancel()
+	switch cmd.name {
+	case "get":
+		return get(rctx, c, pos[0], o.raw, stdout, stderr)
+	case "set":
+		return set(rctx, c, pos[0], value, &o, stdout, stderr)
+	case "del":
+		res, err := c.Del(rctx, pos[0], sskv.DelOptions{FencingToken: o.ft})
+		return delOutcome(res, err, stdout, stderr)
+	case "vdel":
+		res, err := c.VDel(rctx, pos[0], value, sskv.DelOptions{FencingToken: o.ft})
+		return delOutcome(res, err, stdout, stderr)
+	}
+	return fail(stderr, fmt.Errorf("command %s not implemented", cmd.name))
+}
+
+func checkArgs(cmd *command, o *cmdOpts, pos []string) error {
+	minArgs, maxArgs := cmd.minArgs, cmd.maxArgs
+	if cmd.fileArgs && o.file != "" {
+		minArgs, maxArgs = minArgs-1, maxArgs-1 // VALUE comes from the file
+	}
+	switch {
+	case len(pos) < minArgs:
+		return usagef("missing arguments (want %s)", cmd.args)
+	case maxArgs >= 0 && len(pos) > maxArgs:
+		if cmd.fileArgs && o.file != "" {
+			return usagef("VALUE and -file are both given")
+		}
+		return usagef("too many arguments %q", pos[maxArgs:])
+	case o.nx && o.nex:
+		return usagef("-nx and -nex exclude each other")
+	}
+	return nil
+}
+
+func readValue(o *cmdOpts, pos []string, stdin io.Reader) ([]byte, error) {
+	switch o.file {
+	case "":
+		return []byte(pos[1]), nil
+	case "-":
+		if stdin == nil {
+			return nil, errors.New("no standard input")
+		}
+		b, err := io.ReadAll(stdin)
+		if err != nil {
+			return nil, fmt.Errorf("reading standard input: %w", err)
+		}
+		return b, nil
+	}
+	return os.ReadFile(o.file)
+}
+
+// config builds the client's configuration from the connection flags.
+func (cf *connFlags) config(stderr io.Writer) (sskv.Config, error) {
+	if cf.timeout <= 0 {
+		return sskv.Config{}, usagef("-timeout must be positive")
+	}
+	var cfg sskv.Config
+	if cf.env {
+		var err error
+		if cfg, err = sskv.ConfigFromEnv(); err != nil {
+			return cfg, err
+		}
+	}
+	if !cf.env || cf.set["addr"] {
+		cfg.Addr = cf.addr
+	}
+	if cf.set["client-id"] {
+		cfg.ClientID = cf.clientID
+	}
+	if cf.set["user"] {
+		cfg.Username = cf.user
+	}
+	if cf.set["password-file"] {
+		cfg.PasswordFile = cf.passwordFile
+		if !cf.set["sat-file"] {
+			cfg.SATFile = ""
+		}
+	}
+	if cf.set["sat-file"] {
+		cfg.SATFile = cf.satFile
+		if !cf.set["password-file"] {
+			cfg.PasswordFile = ""
+		}
+	}
+	if cfg.SATFile != "" && cfg.PasswordFile != "" {
+		if cf.set["sat-file"] && cf.set["password-file"] {
+			return cfg, usagef("-sat-file and -password-file exclude each other")
+		}
+	}
+	// The client reads these files on every connection attempt, and would
+	// retry until -timeout if one cannot be read: check them now.
+	for _, f := range []struct{ flag, path string }{{"-password-file", cfg.PasswordFile}, {"-sat-file", cfg.SATFile}} {
+		if f.path == "" {
+			continue
+		}
+		fh, err := os.Open(f.path)
+		if err != nil {
+			return cfg, fmt.Errorf("%s: %w", f.flag, err)
+		}
+		_ = fh.Close()
+	}
+	if !cf.env || cf.set["client-id"] {
+		// A one-shot client never wants a session left by an earlier run
+		// with the same id.
+		cfg.CleanStart = true
+	}
+	cfg.RequestTimeout = cf.timeout
+	level := slog.LevelWarn
+	if cf.verbose {
+		level = slog.LevelDebug
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+
+	tlsFlags := cf.set["ca"] || cf.set["cert"] || cf.set["key"] || cf.insecure
+	useTLS := cfg.TLS != nil || tlsFlags
+	if cf.set["tls"] {
+		useTLS = cf.useTLS
+	}
+	if !useTLS {
+		if tlsFlags {
+			return cfg, usagef("-ca, -cert, -key and -insecure-skip-verify need TLS, but -tls=false")
+		}
+		cfg.TLS = nil
+		return cfg, nil
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if cfg.TLS != nil {
+		tc = cfg.TLS.Clone()
+	}
+	if cf.caFile != "" {
+		pem, err := os.ReadFile(cf.caFile)
+		if err != nil {
+			return cfg, fmt.Errorf("-ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return cfg, fmt.Errorf("-ca %s: no PEM certificate found", cf.caFile)
+		}
+		tc.RootCAs = pool
+	}
+	switch {
+	case cf.certFile != "" && cf.keyFile != "":
+		cert, err := tls.LoadX509KeyPair(cf.certFile, cf.keyFile)
+		if err != nil {
+			return cfg, fmt.Errorf("-cert/-key: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	case cf.certFile != "" || cf.keyFile != "":
+		return cfg, usagef("-cert and -key go together")
+	}
+	if cf.insecure {
+		tc.InsecureSkipVerify = true
+		fmt.Fprintln(stderr, "sskv: warning: -insecure-skip-verify: the broker's certificate is not verified; use it only for development")
+	}
+	cfg.TLS = tc
+	return cfg, nil
+}
+
+// fail prints err and returns the exit status for it.
+func fail(stderr io.Writer, err error) int {
+	msg := strings.TrimPrefix(err.Error(), "sskv: ")
+	fmt.Fprintf(stderr, "sskv: %s\n", msg)
+	var ue usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintln(stderr, "Run 'sskv -h' for usage.")
+		return exitUsage
+	}
+	return exitError
+}
+
+func get(ctx context.Context, c *sskv.Client, key string, raw bool, stdout, stderr io.Writer) int {
+	res, err := c.Get(ctx, key)
+	if err != nil {
+		return fail(stderr, err)
+	}
+	if !res.Found {
+		fmt.Fprintln(stderr, "(not found)")
+		return exitNotMet
+	}
+	if raw {
+		_, err = stdout.Write(res.Value)
+	} else {
+		_, err = fmt.Fprintf(stdout, "%s\n(version %s)\n", showValue(res.Value, false), res.Version)
+	}
+	if err != nil {
+		return fail(stderr, err)
+	}
+	return exitOK
+}
+
+func set(ctx context.Context, c *sskv.Client, key string, value []byte, o *cmdOpts, stdout, stderr io.Writer) int {
+	opts := sskv.SetOptions{Expiry: o.px, FencingToken: o.ft, Persist: o.persist}
+	switch {
+	case o.nx:
+		opts.Condition = sskv.IfNotExists
+	case o.nex:
+		opts.Condition = sskv.IfEqualOrNotExists
+	}
+	res, err := c.Set(ctx, key, value, opts)
+	if err != nil {
+		return fail(stderr, err)
+	}
+	if !res.Applied {
+		fmt.Fprintf(stdout, "NOT APPLIED%s\n", currentVersion(res.Version))
+		return exitNotMet
+	}
+	fmt.Fprintf(stdout, "OK %s\n", res.Version)
+	return exitOK
+}
+
+func delOutcome(res sskv.DelResult, err error, stdout, stderr io.Writer) int {
+	switch {
+	case err != nil:
+		return fail(stderr, err)
+	case res.Deleted:
+		fmt.Fprintf(stdout, "DELETED %s\n", res.Version)
+		return exitOK
+	case res.Mismatch:
+		fmt.Fprintf(stdout, "VALUE DIFFERS%s\n", currentVersion(res.Version))
+		return exitNotMet
+	}
+	fmt.Fprintln(stdout, "NOT FOUND")
+	return exitNotMet
+}
+
+func currentVersion(v hlc.Timestamp) string {
+	if v.IsZero() {
+		return ""
+	}
+	return " (current version " + v.String() + ")"
+}
+
+// watch prints the events of keys until ctx ends or a watch fails.
+func watch(ctx context.Context, c *sskv.Client, keys []string, stdout, stderr io.Writer) int {
+	// The watches get a context of their own, so that on ctx's end they are
+	// stopped with Stop, which unregisters them before the client closes.
+	// ctx still interrupts their registration.
+	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	interrupt := context.AfterFunc(ctx, cancel)
+	ws := make([]*sskv.Watcher, 0, len(keys))
+	for _, k := range keys {
+		w, err := c.Watch(wctx, k)
+		if err != nil {
+			if ctx.Err() != nil {
+				return exitOK // interrupted while starting
+			}
+			return fail(stderr, fmt.Errorf("%q: %w", k, err))
+		}
+		ws = append(ws, w)
+	}
+	if !interrupt() {
+		return exitOK // interrupted while starting
+	}
+	shown := make([]string, len(keys))
+	for i, k := range keys {
+		shown[i] = showValue([]byte(k), true)
+	}
+	fmt.Fprintf(stderr, "watching %s (Ctrl-C to stop)\n", strings.Join(shown, " "))
+
+	var (
+		mu       sync.Mutex // serializes output and guards firstErr
+		firstErr error
+		failed   = make(chan struct{})
+		wg       sync.WaitGroup
+	)
+	setErr := func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if firstErr == nil {
+			firstErr = err
+			close(failed)
+		}
+	}
+	for _, w := range ws {
+		wg.Go(func() {
+			for ev := range w.Events() {
+				mu.Lock()
+				var err error
+				if firstErr == nil {
+					_, err = io.WriteString(stdout, eventLine(time.Now(), ev))
+				}
+				mu.Unlock()
+				if err != nil {
+					setErr(err)
+				}
+			}
+			if err := w.Err(); err != nil {
+				setErr(fmt.Errorf("watch %q: %w", w.Key(), err))
+			}
+		})
+	}
+	ended := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(ended)
+	}()
+	select {
+	case <-ctx.Done():
+	case <-failed:
+	case <-ended:
+	}
+	for _, w := range ws {
+		w.Stop()
+	}
+	<-ended
+	mu.Lock()
+	defer mu.Unlock()
+	if firstErr != nil {
+		return fail(stderr, firstErr)
+	}
+	return exitOK
+}
+
+func eventLine(t time.Time, ev sskv.Event) string {
+	var b strings.Builder
+	b.WriteString(t.Format("2006-01-02T15:04:05.000Z07:00"))
+	b.WriteByte(' ')
+	b.WriteString(showValue([]byte(ev.Key), true))
+	b.WriteByte(' ')
+	b.WriteString(ev.Op.String())
+	b.WriteByte(' ')
+	if ev.Op == sskv.OpSet {
+		b.WriteString(showValue(ev.Value, true))
+	} else {
+		b.WriteByte('-')
+	}
+	b.WriteByte(' ')
+	if ev.Version.IsZero() {
+		b.WriteByte('-')
+	} else {
+		b.WriteString(ev.Version.String())
+	}
+	if ev.Resync {
+		b.WriteString(" (resync)")
+	}
+	b.WriteByte('\n')
+	return b.String()
+}
+
+// showValue returns v as is when it is printable UTF-8, and quoted Go-style
+// otherwise. Empty values, and values that start with '"', are quoted too,
+// so that what is printed is never ambiguous; inLine also quotes values
+// with a space, for one-line records.
+func showValue(v []byte, inLine bool) string {
+	s := string(v)
+	if s == "" || s[0] == '"' || !utf8.ValidString(s) {
+		return strconv.Quote(s)
+	}
+	for _, r := range s {
+		if !unicode.IsPrint(r) || (inLine && unicode.IsSpace(r)) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
+}
