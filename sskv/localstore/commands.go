@@ -174,6 +174,11 @@ func (s *Server) execute(cl clientRef, req *request) result {
 		return errResult(wire.MsgNotAuthorized)
 	}
 
+	// A key past its deadline is expired before the request takes its
+	// version, so that the DELETE notification of the expiry carries an
+	// earlier time than whatever the request does to the key.
+	s.live(key)
+
 	// The request is valid: it is an event for the store's clock.
 	now, err := s.tick(req.hasTS, ts)
 	if err != nil {

@@ -80,6 +80,9 @@ func (s *Server) notifyDelete(key string) {
 }
 
 func (s *Server) publishNotify(clientID, key string, payload []byte, ts string) {
+	if s.observe != nil {
+		s.observe(clientID, key, payload, ts)
+	}
 	s.publish(wire.NotifyTopic(clientID, []byte(key)), payload, packets.Properties{
 		User: []packets.UserProperty{{Key: wire.PropTimestamp, Val: ts}},
 	})

@@ -97,6 +97,9 @@ type Server struct {
 	conns   map[string]*mqtt.Client // the current connection of each client id
 	connIDs map[net.Conn]string     // client id of each established connection
 
+	// observe, set only by tests, sees every notification as it is published.
+	observe func(clientID, key string, payload []byte, ts string)
+
 	plain, secure *listener
 	stop          chan struct{}
 	loopDone      chan struct{}

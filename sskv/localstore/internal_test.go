@@ -1,0 +1,69 @@
+package localstore
+
+import (
+	"container/heap"
+	"testing"
+	"time"
+
+	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/sskv/internal/resp"
+)
+
+// TestLazyExpiryOrder: a request on a key whose PX deadline has passed before
+// the expiry timer fired expires it first, so the DELETE notification comes
+// before, and is stamped before, the request's own change. A client that
+// orders notifications by version (as sskv does) would otherwise drop the
+// SET and believe the key deleted.
+func TestLazyExpiryOrder(t *testing.T) {
+	srv, err := Start(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	type note struct {
+		payload string
+		ts      hlc.Timestamp
+	}
+	var notes []note
+	srv.observe = func(_, _ string, payload []byte, ts string) { // called with srv.mu held
+		v, err := hlc.Parse(ts)
+		if err != nil {
+			t.Errorf("notification __ts %q: %v", ts, err)
+		}
+		notes = append(notes, note{string(payload), v})
+	}
+	clock, _ := hlc.NewClock("c")
+	do := func(args ...string) result {
+		b := make([][]byte, len(args))
+		for i, a := range args {
+			b[i] = []byte(a)
+		}
+		return srv.serve(clientRef{id: "watcher"}, "", resp.AppendCommand(nil, b...),
+			[]packets.UserProperty{{Key: "__ts", Val: clock.Now().String()}})
+	}
+	do("KEYNOTIFY", "lease")
+	do("SET", "lease", "me", "PX", "3600000")
+
+	// The deadline passes, but the timer (set for an hour) has not fired.
+	srv.mu.Lock()
+	e := srv.tab.keys["lease"]
+	e.expires = time.Now().Add(-time.Millisecond)
+	heap.Fix(&srv.tab.expiry, e.index)
+	notes = nil
+	srv.mu.Unlock()
+
+	renew := do("SET", "lease", "me", "NEX", "PX", "3600000")
+	if string(renew.payload) != "+OK\r\n" {
+		t.Fatalf("renewal answered %q", renew.payload)
+	}
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	if len(notes) != 2 || notes[0].payload != "*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n" || notes[1].payload[:9] != "*4\r\n$6\r\nN" {
+		t.Fatalf("notifications %+v, want DELETE then SET", notes)
+	}
+	if !notes[0].ts.Before(notes[1].ts) || notes[1].ts != renew.version {
+		t.Fatalf("DELETE at %v, SET at %v (response %v): want DELETE < SET = response", notes[0].ts, notes[1].ts, renew.version)
+	}
+}
