@@ -161,6 +161,8 @@ type client struct {
 	app  *protocol.Application
 	mqtt *mqtt.SessionClient
 	ss   *statestore.Client[string, string]
+
+	closeOnce sync.Once
 }
 
 // newClient connects a new SDK client to the store under test. It fails the
@@ -244,9 +246,14 @@ func (e *env) newClient(name string) *client {
 	return c
 }
 
-// close shuts the client down; bounded even if the store is unresponsive
-// (Client.Close unsubscribes with a background context).
+// close shuts the client down (once; also run at cleanup); bounded even if
+// the store is unresponsive (Client.Close unsubscribes with a background
+// context).
 func (c *client) close() {
+	c.closeOnce.Do(c.doClose)
+}
+
+func (c *client) doClose() {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

@@ -183,24 +183,34 @@ func TestLease(t *testing.T) {
 		// the test process for over half a second, and then the store
 		// rightly lets the lease lapse.
 		const dur, every = 1500 * time.Millisecond, 150 * time.Millisecond
+
+		// A renewing holder on its own client. It is ended by closing that
+		// client (the holder going away), not by Release: in SDK v0.4.1,
+		// Release after WithRenew leaves the renew goroutine spinning on a
+		// cancelled context forever (select { case <-time.After(renew): ...
+		// case <-ctx.Done(): } in a loop), burning a CPU for the rest of the
+		// process. A closed client makes the next renewal fail, which ends it.
+		r := e.newClient("lease-renew")
+		lr := leasedlock.NewLease(r.ss, name)
+
 		start := time.Now()
-		ok, err := la.Acquire(ctx, dur, leasedlock.WithRenew(every))
+		ok, err := lr.Acquire(ctx, dur, leasedlock.WithRenew(every))
 		if err != nil || !ok {
-			t.Fatalf("A Acquire with renew = %v, %v", ok, err)
+			t.Fatalf("Acquire with renew = %v, %v", ok, err)
 		}
-		if _, err := la.Acquire(ctx, dur, leasedlock.WithRenew(every)); !errors.Is(err, leasedlock.ErrRenewing) {
+		if _, err := lr.Acquire(ctx, dur, leasedlock.WithRenew(every)); !errors.Is(err, leasedlock.ErrRenewing) {
 			t.Errorf("second renewing Acquire: %v, want ErrRenewing", err)
 		}
-		first, err := la.Token(ctx)
+		first, err := lr.Token(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		obs.expect(true, a.id, "A acquired with renew")
+		obs.expect(true, r.id, "acquired with renew")
 		// Each renewal is a SET notification: the signal to wait on. Hold
 		// on past two lease durations; a DELETE would mean it lapsed.
 		renewals := 0
 		for time.Since(start) < 2*dur {
-			obs.expect(true, a.id, "renewal")
+			obs.expect(true, r.id, "renewal")
 			renewals++
 		}
 		if renewals < 3 {
@@ -208,29 +218,36 @@ func TestLease(t *testing.T) {
 		}
 		ok, err = lb.Acquire(ctx, 10*time.Second)
 		if err != nil || ok {
-			t.Errorf("B Acquire while A renews = %v, %v; want false", ok, err)
+			t.Errorf("B Acquire while the holder renews = %v, %v; want false", ok, err)
 		}
-		wantHolder(t, ctx, lb, a.id, true)
-		last, err := la.Token(ctx)
+		wantHolder(t, ctx, lb, r.id, true)
+		last, err := lr.Token(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		wantNewer(t, "token after renewals", last, first)
 
-		if err := la.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-		// A renewal may have been in flight; then the DELETE.
+		// The holder goes away: renewals stop, the lease expires.
+		r.close()
 		for {
-			ch := obs.next("DELETE after Release")
+			ch := obs.next("DELETE (expiry) after the holder went away")
 			if !ch.Held {
 				break
 			}
-			if ch.Holder != a.id {
-				t.Fatalf("lease change %+v, want A's renewal or a release", ch)
+			if ch.Holder != r.id {
+				t.Fatalf("lease change %+v, want a last renewal or the expiry", ch)
 			}
 		}
 		wantHolder(t, ctx, lb, "", false)
+		ok, err = lb.Acquire(ctx, 10*time.Second)
+		if err != nil || !ok {
+			t.Fatalf("B Acquire after the holder's lease expired = %v, %v", ok, err)
+		}
+		obs.expect(true, b.id, "B acquired")
+		if err := lb.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		obs.expect(false, "", "B released")
 	})
 
 	t.Run("SessionID", func(t *testing.T) {
