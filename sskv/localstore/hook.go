@@ -26,7 +26,7 @@ func (h *hook) ID() string { return "dsslock-statestore" }
 
 func (h *hook) Provides(b byte) bool {
 	switch b {
-	case mqtt.OnConnectAuthenticate, mqtt.OnACLCheck, mqtt.OnSessionEstablished,
+	case mqtt.OnConnectAuthenticate, mqtt.OnACLCheck, mqtt.OnSessionEstablish, mqtt.OnSessionEstablished,
 		mqtt.OnDisconnect, mqtt.OnPublish, mqtt.OnPacketEncode:
 		return true
 	}
@@ -91,12 +91,18 @@ func (h *hook) OnACLCheck(cl *mqtt.Client, topic string, write bool) bool {
 	return isOwnNotifyTopic(cl, topic)
 }
 
+// OnSessionEstablish runs when a connection has authenticated, before the
+// broker sets up its session: it waits for any older connection of the same
+// client id to be finished with (see Server.takeOver).
+func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
+	h.s.takeOver(cl)
+}
+
 // OnSessionEstablished makes cl the current connection of its client id. A
 // new connection starts with no watches, even when it resumes a session.
 func (h *hook) OnSessionEstablished(cl *mqtt.Client, pk packets.Packet) {
 	h.s.connMu.Lock()
 	h.s.conns[cl.ID] = cl
-	h.s.connIDs[cl.Net.Conn] = cl.ID
 	h.s.connMu.Unlock()
 	h.s.endWatches(cl.ID)
 }

@@ -8,7 +8,9 @@ import (
 	"sync"
 	"time"
 
+	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/listeners"
+	"github.com/mochi-mqtt/server/v2/packets"
 )
 
 // connectTimeout bounds how long a new connection may take to send CONNECT.
@@ -118,23 +120,57 @@ func (l *listener) Close(closeClients listeners.CloseFn) {
 	l.wg.Wait()
 }
 
-// connectionDone runs after the broker has finished with a connection. The
-// broker removes a client id from its client list when a connection with
-// session expiry 0 ends, even if the same id has meanwhile reconnected; this
-// puts the current connection back so that it keeps receiving messages.
+// connRec is an authenticated connection of a client id.
+type connRec struct {
+	id   string
+	cl   *mqtt.Client
+	done chan struct{} // closed when the broker has finished with the connection
+}
+
+// takeOverTimeout bounds how long a new connection waits for the older
+// connection of its client id to be finished with.
+const takeOverTimeout = 5 * time.Second
+
+// takeOver makes cl the newest connection of its client id, and first
+// disconnects the older one and waits until the broker has finished with it.
+//
+// The broker tears down an ended connection (unsubscribing its client id's
+// topics, removing the id from its client list) concurrently with a new
+// connection of the same id setting up, and that teardown can remove the new
+// session's subscriptions or client entry: its responses would then be lost.
+// A client that reconnects at once after a dropped connection hits this.
+// Serialising the two per client id removes the race.
+func (s *Server) takeOver(cl *mqtt.Client) {
+	rec := &connRec{id: cl.ID, cl: cl, done: make(chan struct{})}
+	s.connMu.Lock()
+	prev := s.latest[cl.ID]
+	s.latest[cl.ID] = rec
+	s.recs[cl.Net.Conn] = rec
+	s.connMu.Unlock()
+	if prev == nil {
+		return
+	}
+	_ = s.broker.DisconnectClient(prev.cl, packets.ErrSessionTakenOver)
+	t := time.NewTimer(takeOverTimeout)
+	defer t.Stop()
+	select {
+	case <-prev.done:
+	case <-t.C:
+		s.log.Warn("older connection of the client id still not finished; going on", "client", cl.ID)
+	}
+}
+
+// connectionDone runs after the broker has finished with a connection.
 func (s *Server) connectionDone(conn net.Conn) {
 	s.connMu.Lock()
 	defer s.connMu.Unlock()
-	id, ok := s.connIDs[conn]
+	rec, ok := s.recs[conn]
 	if !ok {
 		return
 	}
-	delete(s.connIDs, conn)
-	cur := s.conns[id]
-	if cur == nil || cur.Net.Conn == conn {
-		return
+	delete(s.recs, conn)
+	if s.latest[rec.id] == rec {
+		delete(s.latest, rec.id)
 	}
-	if got, ok := s.broker.Clients.Get(id); !ok || got != cur {
-		s.broker.Clients.Add(cur)
-	}
+	close(rec.done)
 }

@@ -93,9 +93,10 @@ type Server struct {
 	tab  *table
 	wake chan struct{} // nudges the expiry loop when the next deadline moves
 
-	connMu  sync.Mutex
-	conns   map[string]*mqtt.Client // the current connection of each client id
-	connIDs map[net.Conn]string     // client id of each established connection
+	connMu sync.Mutex
+	conns  map[string]*mqtt.Client // the current connection of each client id
+	latest map[string]*connRec     // the newest authenticated connection of each client id, until it ends
+	recs   map[net.Conn]*connRec   // every authenticated connection, until it ends
 
 	// observe, set only by tests, sees every notification as it is published.
 	observe func(clientID, key string, payload []byte, ts string)
@@ -131,7 +132,8 @@ func Start(cfg Config) (*Server, error) {
 		tab:      newTable(),
 		wake:     make(chan struct{}, 1),
 		conns:    make(map[string]*mqtt.Client),
-		connIDs:  make(map[net.Conn]string),
+		latest:   make(map[string]*connRec),
+		recs:     make(map[net.Conn]*connRec),
 		stop:     make(chan struct{}),
 		loopDone: make(chan struct{}),
 	}
