@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/eclipse/paho.golang/packets"
 	"github.com/eclipse/paho.golang/paho"
 
 	"github.com/dsslock/dsslock/internal/testtls"
@@ -92,7 +93,7 @@ func startFake(t testing.TB, srv *localstore.Server) *fakeService {
 	}
 	f := &fakeService{t: t, topic: "test/fake-statestore/" + testID(t), reqs: make(chan *paho.Publish, 1024)}
 	f.c = paho.NewClient(paho.ClientConfig{
-		Conn: conn,
+		Conn: packets.NewThreadSafeConn(conn), // paho writes from several goroutines
 		OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(pr paho.PublishReceived) (bool, error) {
 			f.reqs <- pr.Packet
 			return true, nil

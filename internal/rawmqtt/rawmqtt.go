@@ -11,6 +11,7 @@ import (
 	"net"
 	"sync"
 
+	"github.com/eclipse/paho.golang/packets"
 	"github.com/eclipse/paho.golang/paho"
 )
 
@@ -40,7 +41,7 @@ func dial(ctx context.Context, addr, id string, handler func(*Client, *paho.Publ
 	}
 	rc := &Client{id: id, respTopc: "rawmqtt/" + id + "/response", pending: make(map[[16]byte]chan *paho.Publish)}
 	rc.c = paho.NewClient(paho.ClientConfig{
-		Conn: conn,
+		Conn: packets.NewThreadSafeConn(conn), // paho writes from several goroutines
 		OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(pr paho.PublishReceived) (bool, error) {
 			if handler != nil {
 				handler(rc, pr.Packet)

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/eclipse/paho.golang/packets"
 	"github.com/eclipse/paho.golang/paho"
 
 	"github.com/dsslock/dsslock/hlc"
@@ -95,7 +96,7 @@ func dial(t testing.TB, srv *localstore.Server, o connOpts) (*rawClient, error) 
 		gone:     make(chan *paho.Disconnect, 1),
 	}
 	cfg := paho.ClientConfig{
-		Conn: conn,
+		Conn: packets.NewThreadSafeConn(conn), // paho writes from several goroutines; tls.Conn needs the lock
 		OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(pr paho.PublishReceived) (bool, error) {
 			rc.route(pr.Packet)
 			return true, nil

@@ -80,10 +80,9 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 	}
 }
 
-// Close stops accepting, asks the broker to DISCONNECT its clients, cuts
-// whatever is left after the close timeout and waits for every connection
-// goroutine.
-func (l *listener) Close(closeClients listeners.CloseFn) {
+// Close stops accepting, sends every client a DISCONNECT, cuts whatever is
+// left after the close timeout and waits for every connection goroutine.
+func (l *listener) Close(listeners.CloseFn) {
 	l.mu.Lock()
 	if l.done {
 		l.mu.Unlock()
@@ -100,10 +99,13 @@ func (l *listener) Close(closeClients listeners.CloseFn) {
 		_ = c.SetWriteDeadline(deadline) // a DISCONNECT must not block on a client that does not read
 	}
 	l.mu.Unlock()
+	// The broker's own closeClients can deadlock: it read-locks its client
+	// list twice, and a client leaving at the same time queues a writer in
+	// between. Disconnect the listener's clients from our own records.
 	disconnected := make(chan struct{})
 	go func() {
 		defer close(disconnected)
-		closeClients(l.id)
+		l.s.disconnectAll(l.id)
 	}()
 	timer := time.NewTimer(l.s.cfg.CloseTimeout)
 	select {
@@ -157,6 +159,22 @@ func (s *Server) takeOver(cl *mqtt.Client) {
 	case <-prev.done:
 	case <-t.C:
 		s.log.Warn("older connection of the client id still not finished; going on", "client", cl.ID)
+	}
+}
+
+// disconnectAll sends DISCONNECT (server shutting down) to every client
+// connected through the listener with the given id, and closes them.
+func (s *Server) disconnectAll(listenerID string) {
+	s.connMu.Lock()
+	var cls []*mqtt.Client
+	for _, rec := range s.recs {
+		if rec.cl.Net.Listener == listenerID {
+			cls = append(cls, rec.cl)
+		}
+	}
+	s.connMu.Unlock()
+	for _, cl := range cls {
+		_ = s.broker.DisconnectClient(cl, packets.ErrServerShuttingDown)
 	}
 }
 

@@ -225,25 +225,45 @@ func (s *Server) Close() error {
 
 // Kick disconnects the client with the given id the way an administrator
 // would: it sends DISCONNECT (reason 0x98, administrative action) and closes
-// the connection. The client's watches end, as with any disconnect.
+// the connection. It returns once the store has finished with the connection:
+// the client's watches have ended and Connected reports false (unless the
+// client has already reconnected).
 func (s *Server) Kick(clientID string) error {
-	cl := s.current(clientID)
-	if cl == nil {
-		return fmt.Errorf("%w: %q", ErrNoClient, clientID)
-	}
-	_ = s.broker.DisconnectClient(cl, packets.ErrAdministrativeAction)
-	return nil
+	return s.disconnect(clientID, func(cl *mqtt.Client) {
+		_ = s.broker.DisconnectClient(cl, packets.ErrAdministrativeAction)
+	})
 }
 
 // Drop cuts the network connection of the client with the given id without
-// a DISCONNECT, as a network failure would.
+// a DISCONNECT, as a network failure would. It returns once the store has
+// finished with the connection, as Kick does.
 func (s *Server) Drop(clientID string) error {
-	cl := s.current(clientID)
+	return s.disconnect(clientID, func(cl *mqtt.Client) {
+		if cl.Net.Conn != nil {
+			_ = cl.Net.Conn.Close()
+		}
+	})
+}
+
+func (s *Server) disconnect(clientID string, how func(*mqtt.Client)) error {
+	s.connMu.Lock()
+	cl := s.conns[clientID]
+	var rec *connRec
+	if cl != nil {
+		rec = s.recs[cl.Net.Conn]
+	}
+	s.connMu.Unlock()
 	if cl == nil {
 		return fmt.Errorf("%w: %q", ErrNoClient, clientID)
 	}
-	if cl.Net.Conn != nil {
-		return cl.Net.Conn.Close()
+	how(cl)
+	if rec != nil {
+		t := time.NewTimer(s.cfg.CloseTimeout)
+		defer t.Stop()
+		select {
+		case <-rec.done:
+		case <-t.C:
+		}
 	}
 	return nil
 }
