@@ -44,8 +44,12 @@
 // clock, to test what a client does when those happen.
 //
 // What it does not do: keep data beyond Close (aio-persistence is accepted and
-// ignored), clustering, or MQTT features beyond what mochi-mqtt provides. A
-// client that does not read its notifications fast enough eventually has
-// messages dropped by the broker once its pending-write queue (8192 messages)
-// is full, as any slow MQTT subscriber would.
+// ignored), clustering, or MQTT features beyond what mochi-mqtt provides. It
+// does not hold messages back when a client's Receive Maximum is reached
+// (mochi's flow control can deadlock, see hook.go); at most 8192 QoS 1
+// messages are in flight to one client, and clients with the usual Receive
+// Maximum of 65535 never notice. A client that does not read its messages
+// fast enough eventually has messages dropped by the broker once its
+// pending-write queue (8192 messages) is full, as any slow MQTT subscriber
+// would.
 package localstore

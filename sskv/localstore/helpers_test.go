@@ -112,8 +112,9 @@ func dial(t testing.TB, srv *localstore.Server, o connOpts) (*rawClient, error) 
 		cfg.AuthHandler = nopAuth{}
 	}
 	rc.c = paho.NewClient(cfg)
+	rm := uint16(65535) // stated, as the official SDKs do: it turns on the broker's flow control
 	cp := &paho.Connect{ClientID: o.id, KeepAlive: 30, CleanStart: true,
-		Properties: &paho.ConnectProperties{SessionExpiryInterval: &o.expiry}}
+		Properties: &paho.ConnectProperties{SessionExpiryInterval: &o.expiry, ReceiveMaximum: &rm}}
 	if o.username != "" {
 		cp.Username, cp.UsernameFlag = o.username, true
 		cp.Password, cp.PasswordFlag = []byte(o.password), true

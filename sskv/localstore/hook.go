@@ -96,11 +96,36 @@ func (h *hook) OnACLCheck(cl *mqtt.Client, topic string, write bool) bool {
 // client id to be finished with (see Server.takeOver).
 func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 	h.s.takeOver(cl)
+	noFlowControl(cl)
+}
+
+// noFlowControl switches off the broker's outbound flow control for cl, which
+// deadlocks: after each packet it reads from a client with unacknowledged
+// messages, mochi v2.7.9 calls Inflight.NextImmediate, which read-locks the
+// client's in-flight store twice; a delivery to the client that queues a
+// write lock in between (Inflight.Set, from another client's goroutine, with
+// the store's lock held) froze both, and then the whole store. With a send
+// quota of zero and a maximum of zero that code never runs and no message is
+// ever held back. Cost: the store does not enforce a client's Receive Maximum
+// (at most Capabilities.MaximumInflight, 8192, QoS 1 messages are in flight
+// to a client); clients with the usual 65535 never notice.
+//
+// It runs before the session is set up and again before the client's packets
+// are read, since taking over a session resets the quota; a message the
+// broker held back in between is sent now.
+func noFlowControl(cl *mqtt.Client) {
+	cl.State.Inflight.ResetSendQuota(0)
 }
 
 // OnSessionEstablished makes cl the current connection of its client id. A
 // new connection starts with no watches, even when it resumes a session.
 func (h *hook) OnSessionEstablished(cl *mqtt.Client, pk packets.Packet) {
+	noFlowControl(cl)
+	for _, held := range cl.State.Inflight.GetAll(true) { // held back while the quota was briefly on
+		held.Expiry = 0
+		cl.State.Inflight.Set(held)
+		_ = cl.WritePacket(held)
+	}
 	h.s.connMu.Lock()
 	h.s.conns[cl.ID] = cl
 	h.s.connMu.Unlock()

@@ -2,9 +2,14 @@ package localstore
 
 import (
 	"container/heap"
+	"context"
+	"net"
+	"reflect"
 	"testing"
 	"time"
 
+	mqttpackets "github.com/eclipse/paho.golang/packets"
+	"github.com/eclipse/paho.golang/paho"
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/dsslock/dsslock/hlc"
@@ -65,5 +70,42 @@ func TestLazyExpiryOrder(t *testing.T) {
 	}
 	if !notes[0].ts.Before(notes[1].ts) || notes[1].ts != renew.version {
 		t.Fatalf("DELETE at %v, SET at %v (response %v): want DELETE < SET = response", notes[0].ts, notes[1].ts, renew.version)
+	}
+}
+
+// TestFlowControlOff: every session runs with the broker's outbound flow
+// control off (send quota and maximum zero), so mochi's Inflight.NextImmediate,
+// which deadlocks against a concurrent delivery, can never run; see
+// noFlowControl. The client states a Receive Maximum, as the official SDKs do
+// (without one, mochi leaves flow control off by itself), and connects twice:
+// taking over a session resets the quota.
+func TestFlowControlOff(t *testing.T) {
+	srv, err := Start(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i := range 2 {
+		conn, err := net.Dial("tcp", srv.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := paho.NewClient(paho.ClientConfig{Conn: mqttpackets.NewThreadSafeConn(conn)})
+		rm, expiry := uint16(65535), uint32(60)
+		if _, err := c.Connect(ctx, &paho.Connect{ClientID: "flow", KeepAlive: 30, CleanStart: i == 0,
+			Properties: &paho.ConnectProperties{ReceiveMaximum: &rm, SessionExpiryInterval: &expiry}}); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = c.Disconnect(&paho.Disconnect{}); <-c.Done() }()
+		if _, err := c.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: "x", QoS: 1}}}); err != nil {
+			t.Fatal(err) // the session is established and being read
+		}
+		cl := srv.current("flow")
+		in := reflect.ValueOf(cl.State.Inflight).Elem()
+		if q, m := in.FieldByName("sendQuota").Int(), in.FieldByName("maximumSendQuota").Int(); q != 0 || m != 0 {
+			t.Fatalf("connection %d: send quota %d, maximum %d; want 0, 0", i+1, q, m)
+		}
 	}
 }
