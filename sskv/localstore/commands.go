@@ -176,8 +176,9 @@ func (s *Server) execute(cl clientRef, req *request) result {
 
 	// A key past its deadline is expired before the request takes its
 	// version, so that the DELETE notification of the expiry carries an
-	// earlier time than whatever the request does to the key.
-	s.live(key)
+	// earlier time than whatever the request does to the key. Liveness is
+	// decided here once: the verbs below work on e.
+	e := s.live(key)
 
 	// The request is valid: it is an event for the store's clock.
 	now, err := s.tick(req.hasTS, ts)
@@ -187,17 +188,16 @@ func (s *Server) execute(cl clientRef, req *request) result {
 
 	switch verb {
 	case "SET":
-		return s.set(key, req.args[2], setOpts, req.hasFT, ft, now)
+		return s.set(e, key, req.args[2], setOpts, req.hasFT, ft, now)
 	case "GET":
-		e := s.live(key)
 		if e == nil {
 			return result{payload: nullPayload}
 		}
 		return result{payload: resp.AppendBulk(make([]byte, 0, len(e.value)+16), e.value), version: e.version}
 	case "DEL":
-		return s.del(key, nil, req.hasFT, ft)
+		return s.del(e, nil, req.hasFT, ft)
 	case "VDEL":
-		return s.del(key, req.args[2], req.hasFT, ft)
+		return s.del(e, req.args[2], req.hasFT, ft)
 	default: // KEYNOTIFY
 		if len(req.args) == 3 {
 			if s.unwatch(cl.id, string(key)) {
@@ -233,12 +233,12 @@ func fenceCheck(e *entry, hasFT bool, ft hlc.Timestamp) (string, bool) {
 	return "", true
 }
 
-func (s *Server) set(key, value []byte, o setOptions, hasFT bool, ft, version hlc.Timestamp) result {
+// set runs SET on key, whose live entry is e (nil when absent).
+func (s *Server) set(e *entry, key, value []byte, o setOptions, hasFT bool, ft, version hlc.Timestamp) result {
 	if s.cfg.MaxKeySize > 0 && len(key) > s.cfg.MaxKeySize ||
 		s.cfg.MaxValueSize > 0 && len(value) > s.cfg.MaxValueSize {
 		return errResult(wire.MsgQuotaExceeded)
 	}
-	e := s.live(key)
 	if msg, ok := fenceCheck(e, hasFT, ft); !ok {
 		return errResult(msg)
 	}
@@ -269,9 +269,8 @@ func (s *Server) set(key, value []byte, o setOptions, hasFT bool, ft, version hl
 	return result{payload: okPayload, version: version}
 }
 
-// del runs DEL (value == nil) and VDEL.
-func (s *Server) del(key, value []byte, hasFT bool, ft hlc.Timestamp) result {
-	e := s.live(key)
+// del runs DEL (value == nil) and VDEL on the live entry e (nil when absent).
+func (s *Server) del(e *entry, value []byte, hasFT bool, ft hlc.Timestamp) result {
 	if e == nil {
 		return result{payload: zeroPayload}
 	}
