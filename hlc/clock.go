@@ -119,14 +119,20 @@ func (c *Clock) Now() Timestamp {
 //   - local wall ahead: (local wall, local counter+1);
 //   - remote wall ahead: (remote wall, remote counter+1).
 //
+// If that counter would exceed MaxCounter, Update moves on as Now does: the
+// wall advances by one millisecond and the counter restarts at 0. A counter
+// near its maximum therefore never stops the clock; it only runs a
+// millisecond further ahead of the physical clock.
+//
 // The result, whose Node is c.Node(), is strictly greater than both local and
 // remote. Update fails, leaving the clock unchanged, with an error wrapping
 //
 //   - ErrMalformed if remote is not valid (see Timestamp.Validate);
-//   - ErrOverflow if the result's counter would exceed MaxCounter;
 //   - ErrDrift if the result's wall is more than MaxDrift ahead of phys. This
 //     rejects a remote too far in the future, and also any update while a
-//     backwards step of the physical clock leaves c itself that far ahead.
+//     backwards step of the physical clock leaves c itself that far ahead;
+//   - ErrOverflow only if the wall itself is exhausted (math.MaxInt64
+//     milliseconds), which no real clock reaches.
 func (c *Clock) Update(remote Timestamp) (Timestamp, error) {
 	if err := remote.Validate(); err != nil {
 		return Timestamp{}, err
@@ -148,7 +154,10 @@ func (c *Clock) Update(remote Timestamp) (Timestamp, error) {
 		wall, counter = remote.Wall, uint64(remote.Counter)+1
 	}
 	if counter > MaxCounter {
-		return Timestamp{}, fmt.Errorf("%w: merging %s into %s", ErrOverflow, remote, local)
+		if wall == math.MaxInt64 {
+			return Timestamp{}, fmt.Errorf("%w: merging %s into %s", ErrOverflow, remote, local)
+		}
+		wall, counter = wall+1, 0
 	}
 	if err := c.checkDrift(wall, phys); err != nil {
 		return Timestamp{}, err

@@ -338,28 +338,6 @@ func TestUpdateErrorsLeaveStateUnchanged(t *testing.T) {
 			remote:  ts(t0-70_000, 0, "r"),
 			wantErr: hlc.ErrDrift,
 		},
-		{
-			name:     "remote ahead with the last counter",
-			phys:     t0,
-			local:    ts(t0, 3, "n"),
-			remote:   ts(t0+1, hlc.MaxCounter, "r"),
-			wantErr:  hlc.ErrOverflow,
-			wantText: ":2147483647:r into ",
-		},
-		{
-			name:    "equal walls with the last counter",
-			phys:    t0,
-			local:   ts(t0, 3, "n"),
-			remote:  ts(t0, hlc.MaxCounter, "r"),
-			wantErr: hlc.ErrOverflow,
-		},
-		{
-			name:    "local ahead with the last counter",
-			phys:    t0,
-			local:   ts(t0+1, hlc.MaxCounter, "n"),
-			remote:  ts(t0, 0, "r"),
-			wantErr: hlc.ErrOverflow,
-		},
 		{name: "remote with empty node", phys: t0, local: ts(t0, 3, "n"), remote: ts(t0, 0, ""), wantErr: hlc.ErrMalformed},
 		{name: "remote with ':' in node", phys: t0, local: ts(t0, 3, "n"), remote: ts(t0, 0, "a:b"), wantErr: hlc.ErrMalformed},
 		{name: "remote with negative wall", phys: t0, local: ts(t0, 3, "n"), remote: ts(-1, 0, "r"), wantErr: hlc.ErrMalformed},
@@ -387,6 +365,69 @@ func TestUpdateErrorsLeaveStateUnchanged(t *testing.T) {
 				t.Errorf("Peek() after a failed Update = %v; want %v", p, tt.local)
 			}
 		})
+	}
+}
+
+// A counter at its maximum moves the wall on by a millisecond, as Now does,
+// instead of failing: whichever of the three merge cases produced it.
+func TestUpdateCounterOverflowMovesWallOn(t *testing.T) {
+	tests := []struct {
+		name          string
+		local, remote hlc.Timestamp
+		want          hlc.Timestamp
+	}{
+		{"remote ahead with the last counter", ts(t0, 3, "n"), ts(t0+1, hlc.MaxCounter, "r"), ts(t0+2, 0, "n")},
+		{"equal walls with the last counter", ts(t0, 3, "n"), ts(t0, hlc.MaxCounter, "r"), ts(t0+1, 0, "n")},
+		{"local ahead with the last counter", ts(t0+1, hlc.MaxCounter, "n"), ts(t0, 0, "r"), ts(t0+2, 0, "n")},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := newWallClock(t0)
+			c := newTestClock(t, "n", w)
+			setState(t, c, w, tt.local)
+			w.Set(t0)
+			got, err := c.Update(tt.remote)
+			if err != nil || got != tt.want {
+				t.Fatalf("Update(%v) = %v, %v; want %v, nil", tt.remote, got, err, tt.want)
+			}
+		})
+	}
+}
+
+// Regression: one client's __ts just inside the drift, with a counter near
+// 2^31, used to make every later Update fail with ErrOverflow until the wall
+// clock caught up (up to 60 s of refused writes for every client of a store).
+func TestUpdateNearMaxCounterKeepsAccepting(t *testing.T) {
+	w := newWallClock(t0)
+	c := newTestClock(t, "store", w)
+	prev, err := c.Update(ts(t0+50_000, hlc.MaxCounter-2, "attacker"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		w.Advance(1)
+		got, err := c.Update(ts(t0+int64(i), 0, "honest"))
+		if err != nil {
+			t.Fatalf("update %d after the near-overflow timestamp: %v", i, err)
+		}
+		if !got.After(prev) {
+			t.Fatalf("update %d = %v; not after %v", i, got, prev)
+		}
+		prev = got
+	}
+	if prev.Wall != t0+50_001 {
+		t.Errorf("clock at %v; want it one millisecond past the attacker's wall", prev)
+	}
+}
+
+func TestUpdateWallExhausted(t *testing.T) {
+	w := newWallClock(math.MaxInt64)
+	c := newTestClock(t, "n", w)
+	if _, err := c.Update(ts(math.MaxInt64, hlc.MaxCounter-1, "r")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Update(ts(math.MaxInt64, hlc.MaxCounter, "r")); !errors.Is(err, hlc.ErrOverflow) {
+		t.Fatalf("Update at the end of time = %v; want ErrOverflow", err)
 	}
 }
 

@@ -20,8 +20,9 @@ var (
 	// Test for it with errors.Is.
 	ErrDrift = errors.New("hlc: timestamp too far ahead of the wall clock")
 
-	// ErrOverflow is returned when an update would need a counter above
-	// MaxCounter.
+	// ErrOverflow is returned by Clock.Update when both the wall and the
+	// counter are at their maximum, which only an absurd injected wall clock
+	// reaches. A counter at MaxCounter alone moves the wall on instead.
 	ErrOverflow = errors.New("hlc: counter overflow")
 )
 
