@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -140,19 +142,9 @@ lock). When -nx or -nex keeps the value from being set, prints
 			fs.BoolVar(&o.nx, "nx", false, "set only if KEY does not exist")
 			fs.BoolVar(&o.nex, "nex", false, "set only if KEY does not exist or already holds VALUE (renews a lease)")
 			fs.Func("px", "expire KEY after `DURATION` (10s, 1m30s, 500ms, or whole milliseconds)", func(s string) error {
-				d, err := time.ParseDuration(s)
-				if err != nil {
-					ms, err2 := strconv.ParseInt(s, 10, 64)
-					if err2 != nil {
-						return err
-					}
-					d = time.Duration(ms) * time.Millisecond
-				}
-				if d < time.Millisecond {
-					return errors.New("must be at least 1ms")
-				}
+				d, err := parsePX(s)
 				o.px = d
-				return nil
+				return err
 			})
 			ftFlag(fs, o)
 			fs.BoolVar(&o.persist, "persist", false, "ask the service to persist KEY to disk")
@@ -196,6 +188,31 @@ changes not seen one by one (during a reconnect, or when the output was
 too slow). Changes made before the watch started are not printed.`,
 		minArgs: 1, maxArgs: -1,
 	},
+}
+
+// maxPX is the longest expiry -px takes: the longest time.Duration, in whole
+// milliseconds (about 292 years).
+const maxPX = time.Duration(math.MaxInt64 / int64(time.Millisecond) * int64(time.Millisecond))
+
+// parsePX parses the value of -px: a Go duration or a whole number of
+// milliseconds, from 1ms to maxPX. A value out of that range is refused,
+// never wrapped around or truncated into another expiry.
+func parsePX(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		ms, err2 := strconv.ParseInt(s, 10, 64)
+		switch {
+		case errors.Is(err2, strconv.ErrRange) || err2 == nil && ms > int64(maxPX/time.Millisecond):
+			return 0, fmt.Errorf("%s ms is out of range (at most %d ms, %v)", s, maxPX/time.Millisecond, maxPX)
+		case err2 != nil:
+			return 0, err // time.ParseDuration also refuses durations out of range
+		}
+		d = time.Duration(ms) * time.Millisecond
+	}
+	if d < time.Millisecond {
+		return 0, errors.New("must be at least 1ms")
+	}
+	return d, nil
 }
 
 func findCommand(name string) *command {
@@ -449,6 +466,9 @@ func (cf *connFlags) config(stderr io.Writer) (sskv.Config, error) {
 		}
 	}
 	if !cf.env || cf.set["addr"] {
+		if err := checkAddr(cf.addr); err != nil {
+			return cfg, err
+		}
 		cfg.Addr = cf.addr
 	}
 	if cf.set["client-id"] {
@@ -541,6 +561,19 @@ func (cf *connFlags) config(stderr io.Writer) (sskv.Config, error) {
 	}
 	cfg.TLS = tc
 	return cfg, nil
+}
+
+// checkAddr refuses an -addr that is not host:port with a numeric port, as a
+// usage error. An empty host (":1883") is this machine, as for net.Dial.
+func checkAddr(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return usagef("-addr %q: want host:port", addr)
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+		return usagef("-addr %q: the port must be a number from 1 to 65535", addr)
+	}
+	return nil
 }
 
 // fail prints err and returns the exit status for it.

@@ -217,6 +217,15 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"set", "k", "v", "-nx", "-nex"}, "-nx and -nex exclude each other"},
 		{[]string{"set", "k", "v", "-px", "0"}, "must be at least 1ms"},
 		{[]string{"set", "k", "v", "-px", "soon"}, `invalid value "soon" for flag -px`},
+		// Whole milliseconds beyond time.Duration used to wrap around into
+		// another expiry (1 s, or 123 years) instead of being refused.
+		{[]string{"set", "k", "v", "-px", "18446744074710"}, "18446744074710 ms is out of range (at most 9223372036854 ms"},
+		{[]string{"set", "k", "v", "-px", "999999999999999"}, "999999999999999 ms is out of range"},
+		{[]string{"set", "k", "v", "-px", "99999999999999999999"}, "99999999999999999999 ms is out of range"},
+		{[]string{"set", "k", "v", "-px", "3000000h"}, `invalid duration "3000000h"`},
+		{[]string{"-addr", "nocolon", "get", "k"}, `-addr "nocolon": want host:port`},
+		{[]string{"-addr", "h:http", "get", "k"}, `-addr "h:http": the port must be a number`},
+		{[]string{"-addr", "h:0", "get", "k"}, `-addr "h:0": the port must be a number`},
 		{[]string{"set", "k", "v", "-ft", "bogus"}, `invalid value "bogus" for flag -ft`},
 		{[]string{"del"}, "sskv: del: missing arguments"},
 		{[]string{"vdel", "k"}, "sskv: vdel: missing arguments"},
@@ -275,7 +284,6 @@ func TestDialError(t *testing.T) {
 	if strings.Contains(o.stderr, "sskv: sskv:") {
 		t.Errorf("stderr repeats the prefix: %q", o.stderr)
 	}
-	sskvRun(t, "-addr", "nocolon", "get", "k").want(t, exitError, "", "sskv: invalid config")
 }
 
 func TestServiceError(t *testing.T) {
@@ -509,6 +517,29 @@ func TestEventLine(t *testing.T) {
 	} {
 		if got := eventLine(at, tc.ev); got != tc.want {
 			t.Errorf("eventLine(%+v) = %q, want %q", tc.ev, got, tc.want)
+		}
+	}
+}
+
+func TestParsePX(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want time.Duration
+	}{
+		{"1ms", time.Millisecond},
+		{"1", time.Millisecond},
+		{"10s", 10 * time.Second},
+		{"60000", time.Minute},
+		{"9223372036854", maxPX}, // the longest expiry there is: about 292 years
+		{"2562047h47m16.854s", maxPX},
+	} {
+		if got, err := parsePX(tc.in); err != nil || got != tc.want {
+			t.Errorf("parsePX(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+		}
+	}
+	for _, in := range []string{"0", "999us", "-5", "9223372036855", "1e3"} {
+		if got, err := parsePX(in); err == nil {
+			t.Errorf("parsePX(%q) = %v; want an error", in, got)
 		}
 	}
 }
