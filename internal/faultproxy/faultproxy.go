@@ -1,0 +1,327 @@
+// Package faultproxy is a TCP proxy for tests that injects network faults
+// between a client and a server: it can freeze the connections open now
+// (a half-open connection: a dead NAT mapping, a frozen peer), resume them,
+// and cut every connection.
+//
+// A Proxy listens on 127.0.0.1 and forwards each connection it accepts to
+// its target. Every goroutine it starts ends before [Proxy.Close] returns.
+package faultproxy
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+)
+
+// Options configure a [Proxy]. The zero value is a plain proxy with the
+// operating system's socket buffers.
+type Options struct {
+	// BufferSize, when positive, sets the send and receive buffers
+	// (SO_SNDBUF, SO_RCVBUF) of both sockets of every connection, and bounds
+	// what the proxy holds per direction of a frozen connection. Small
+	// buffers make a writer to a frozen connection block soon. The kernel
+	// may round the size up (Linux doubles it and has a minimum).
+	BufferSize int
+}
+
+// Proxy is a TCP proxy with fault injection. Its methods are safe for
+// concurrent use.
+type Proxy struct {
+	ln     net.Listener
+	target string
+	opts   Options
+
+	mu     sync.Mutex
+	links  map[*link]struct{}
+	closed bool
+	wg     sync.WaitGroup
+
+	accepted atomic.Int64
+}
+
+// Start listens on 127.0.0.1 (a free port) and forwards every connection to
+// target ("host:port").
+func Start(target string, opts Options) (*Proxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("faultproxy: %w", err)
+	}
+	p := &Proxy{ln: ln, target: target, opts: opts, links: make(map[*link]struct{})}
+	p.wg.Add(1)
+	go p.accept()
+	return p, nil
+}
+
+// Addr is the proxy's "host:port": connect here instead of the target.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// Accepted is the number of client connections accepted so far.
+func (p *Proxy) Accepted() int { return int(p.accepted.Load()) }
+
+// Links is the number of proxied connections open now: a connection stops
+// counting as soon as either of its sides is closed (the proxy then closes
+// the other side too).
+func (p *Proxy) Links() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.links)
+}
+
+// Blackhole freezes every connection open now: from now on the proxy
+// forwards nothing on them in either direction, but keeps both sockets
+// open, as a dead NAT mapping or a frozen peer would. It goes on reading
+// each side until it holds Options.BufferSize bytes (default 64 KiB) per
+// direction, so that the peers' writes block once those and the socket
+// buffers are full; it still notices a side that closes, and then closes
+// the connection. Connections accepted later are forwarded normally (a new
+// connection takes a new path). [Proxy.Heal] resumes the frozen
+// connections, delivering what they held.
+func (p *Proxy) Blackhole() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for l := range p.links {
+		l.freeze()
+	}
+}
+
+// Heal resumes every frozen connection.
+func (p *Proxy) Heal() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for l := range p.links {
+		l.resume()
+	}
+}
+
+// Cut closes every connection open now, both sides. The proxy goes on
+// accepting new connections.
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	links := make([]*link, 0, len(p.links))
+	for l := range p.links {
+		links = append(links, l)
+	}
+	p.mu.Unlock()
+	for _, l := range links {
+		l.close()
+	}
+}
+
+// Close stops accepting, closes every connection and waits for all of the
+// proxy's goroutines to end. It is idempotent.
+func (p *Proxy) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		p.wg.Wait()
+		return nil
+	}
+	p.closed = true
+	p.mu.Unlock()
+	err := p.ln.Close()
+	p.Cut()
+	p.wg.Wait()
+	return err
+}
+
+func (p *Proxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return // closed
+		}
+		p.accepted.Add(1)
+		p.wg.Add(1)
+		go p.serve(c)
+	}
+}
+
+// serve dials the target for the accepted connection c and forwards between
+// them until either side ends.
+func (p *Proxy) serve(c net.Conn) {
+	defer p.wg.Done()
+	s, err := net.Dial("tcp", p.target)
+	if err != nil {
+		_ = c.Close()
+		return
+	}
+	p.setBuffers(c)
+	p.setBuffers(s)
+	hold := p.opts.BufferSize
+	if hold <= 0 {
+		hold = 64 << 10
+	}
+	l := &link{client: c, server: s, hold: hold, done: make(chan struct{})}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		l.close()
+		return
+	}
+	p.links[l] = struct{}{}
+	p.mu.Unlock()
+
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); l.pipe(s, c) }()
+	go func() { defer wg.Done(); l.pipe(c, s) }()
+	wg.Wait()
+	l.close()
+	p.mu.Lock()
+	delete(p.links, l)
+	p.mu.Unlock()
+}
+
+func (p *Proxy) setBuffers(c net.Conn) {
+	if p.opts.BufferSize <= 0 {
+		return
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetReadBuffer(p.opts.BufferSize)
+		_ = tc.SetWriteBuffer(p.opts.BufferSize)
+	}
+}
+
+// link is one proxied connection.
+type link struct {
+	client, server net.Conn
+	hold           int
+
+	mu     sync.Mutex
+	frozen chan struct{} // non-nil while frozen; closed by resume
+	wake   chan struct{} // closed when data is held or the link ends, for a waiting writer; replaced each time
+
+	closeOnce sync.Once
+	done      chan struct{} // closed when the link is closed
+}
+
+func (l *link) freeze() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.frozen == nil {
+		l.frozen = make(chan struct{})
+	}
+}
+
+func (l *link) resume() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.frozen != nil {
+		close(l.frozen)
+		l.frozen = nil
+	}
+}
+
+// gate returns the channel to wait on before forwarding, or nil when the
+// link is not frozen.
+func (l *link) gate() chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.frozen
+}
+
+func (l *link) close() {
+	l.closeOnce.Do(func() {
+		close(l.done)
+		_ = l.client.Close()
+		_ = l.server.Close()
+	})
+}
+
+// pipe copies from src to dst. While the link is frozen it goes on reading
+// into its held data, up to l.hold bytes, and forwards nothing; the held
+// data is written out after the link resumes. A reader and a writer
+// goroutine per direction let the proxy notice a side that closes while it
+// holds data for a frozen link.
+func (l *link) pipe(dst, src net.Conn) {
+	var (
+		mu      sync.Mutex
+		held    []byte
+		srcDone bool
+		ready   = make(chan struct{}, 1) // something to write, or src ended
+		room    = make(chan struct{}, 1) // held shrank
+	)
+	signal := func(ch chan struct{}) {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // writer
+		defer wg.Done()
+		for {
+			select {
+			case <-ready:
+			case <-l.done:
+				return
+			}
+			for {
+				if g := l.gate(); g != nil {
+					select {
+					case <-g:
+						continue
+					case <-l.done:
+						return
+					}
+				}
+				mu.Lock()
+				chunk, end := held, srcDone
+				held = nil
+				mu.Unlock()
+				if len(chunk) > 0 {
+					signal(room)
+					if _, err := dst.Write(chunk); err != nil {
+						l.close()
+						return
+					}
+					continue
+				}
+				if end {
+					l.close()
+					return
+				}
+				break
+			}
+		}
+	}()
+
+	buf := make([]byte, 32<<10)
+	for {
+		mu.Lock()
+		free := l.hold - len(held)
+		mu.Unlock()
+		if free <= 0 {
+			select {
+			case <-room:
+				continue
+			case <-l.done:
+				wg.Wait()
+				return
+			}
+		}
+		n, err := src.Read(buf[:min(free, len(buf))])
+		mu.Lock()
+		held = append(held, buf[:n]...)
+		if err != nil {
+			srcDone = true
+		}
+		mu.Unlock()
+		signal(ready)
+		if err != nil {
+			if !errors.Is(err, io.EOF) || l.gate() != nil {
+				// A side that fails, or ends while the link is frozen,
+				// ends the link at once; after a clean end the writer
+				// first delivers what is held.
+				l.close()
+			}
+			wg.Wait()
+			return
+		}
+	}
+}

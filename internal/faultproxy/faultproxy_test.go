@@ -1,0 +1,222 @@
+package faultproxy_test
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/dsslock/dsslock/internal/faultproxy"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const waitTimeout = 10 * time.Second
+
+// echoServer echoes every connection until the test ends.
+func echoServer(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, _ = io.Copy(c, c)
+				_ = c.Close()
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return ln.Addr().String()
+}
+
+func start(t *testing.T, opts faultproxy.Options) *faultproxy.Proxy {
+	t.Helper()
+	p, err := faultproxy.Start(echoServer(t), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+func connect(t *testing.T, p *faultproxy.Proxy) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func roundTrip(t *testing.T, c net.Conn, msg string) {
+	t.Helper()
+	if _, err := c.Write([]byte(msg)); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(waitTimeout))
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, got); err != nil || string(got) != msg {
+		t.Fatalf("echo: %q, %v", got, err)
+	}
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitTimeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestBlackholeHeal: a frozen connection forwards nothing but stays open;
+// a connection made during the blackhole works; Heal delivers what was held.
+func TestBlackholeHeal(t *testing.T) {
+	p := start(t, faultproxy.Options{})
+	old := connect(t, p)
+	roundTrip(t, old, "before")
+
+	p.Blackhole()
+	if _, err := old.Write([]byte("during")); err != nil {
+		t.Fatal(err)
+	}
+	_ = old.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	var one [1]byte
+	if _, err := old.Read(one[:]); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read through a blackholed connection: %v (want a timeout: nothing forwarded, nothing closed)", err)
+	}
+
+	fresh := connect(t, p)
+	roundTrip(t, fresh, "new path")
+
+	p.Heal()
+	_ = old.SetReadDeadline(time.Now().Add(waitTimeout))
+	got := make([]byte, len("during"))
+	if _, err := io.ReadFull(old, got); err != nil || string(got) != "during" {
+		t.Fatalf("after Heal: %q, %v", got, err)
+	}
+	roundTrip(t, old, "after")
+}
+
+// TestBlackholeFillsBuffers: with small buffers, a writer to a frozen
+// connection blocks.
+func TestBlackholeFillsBuffers(t *testing.T) {
+	p := start(t, faultproxy.Options{BufferSize: 4096})
+	c := connect(t, p)
+	roundTrip(t, c, "x")
+	p.Blackhole()
+	_ = c.SetWriteDeadline(time.Now().Add(500 * time.Millisecond))
+	chunk := bytes.Repeat([]byte("a"), 64<<10)
+	total := 0
+	for {
+		n, err := c.Write(chunk)
+		total += n
+		if err != nil {
+			if !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatal(err)
+			}
+			break
+		}
+		if total > 64<<20 {
+			t.Fatalf("wrote %d bytes into a frozen connection without blocking", total)
+		}
+	}
+	t.Logf("a frozen connection took %d bytes before the writer blocked", total)
+}
+
+// TestCut: every connection is closed; new ones work.
+func TestCut(t *testing.T) {
+	p := start(t, faultproxy.Options{})
+	c := connect(t, p)
+	roundTrip(t, c, "x")
+	p.Cut()
+	_ = c.SetReadDeadline(time.Now().Add(waitTimeout))
+	var one [1]byte
+	if _, err := c.Read(one[:]); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read after Cut: %v, want the connection closed", err)
+	}
+	eventually(t, "no links", func() bool { return p.Links() == 0 })
+	roundTrip(t, connect(t, p), "again")
+}
+
+// TestClientCloseObserved: the proxy notices a client that closes its side,
+// also while the connection is frozen.
+func TestClientCloseObserved(t *testing.T) {
+	p := start(t, faultproxy.Options{})
+	c := connect(t, p)
+	roundTrip(t, c, "x")
+	p.Blackhole()
+	if _, err := c.Write([]byte("held")); err != nil {
+		t.Fatal(err)
+	}
+	if p.Links() != 1 {
+		t.Fatalf("Links = %d, want 1", p.Links())
+	}
+	_ = c.Close()
+	eventually(t, "the link to end", func() bool { return p.Links() == 0 })
+	if p.Accepted() != 1 {
+		t.Fatalf("Accepted = %d", p.Accepted())
+	}
+}
+
+// TestCloseWhileFrozen: Close ends everything, also frozen connections with
+// blocked writers on both sides.
+func TestCloseWhileFrozen(t *testing.T) {
+	p, err := faultproxy.Start(echoServer(t), faultproxy.Options{BufferSize: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := connect(t, p)
+	roundTrip(t, c, "x")
+	p.Blackhole()
+	_ = c.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
+	for {
+		if _, err := c.Write(make([]byte, 64<<10)); err != nil {
+			break
+		}
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(waitTimeout))
+	if _, err := io.ReadAll(c); errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatal("client side still open after Close")
+	}
+	if _, err := net.Dial("tcp", p.Addr()); err == nil {
+		t.Fatal("Dial after Close succeeded")
+	}
+}
