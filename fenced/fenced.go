@@ -1,0 +1,121 @@
+package fenced
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/sskv"
+)
+
+// ErrStale is wrapped by the error of a write that a newer fencing token
+// made impossible: the store refused it because a newer token protects the
+// key, or the Writer did not send it because its source no longer holds its
+// lock. Either way the source is no longer the current holder.
+var ErrStale = errors.New("fenced: stale fencing token")
+
+// TokenSource has the fencing token of a holding: a *lock.Lock, or a leader
+// term. A Writer calls FencingToken before every write, and Fenced when the
+// store refused a write because a newer token protects the key.
+type TokenSource interface {
+	// FencingToken returns the token to write with, or an error if the
+	// source no longer holds its lock.
+	FencingToken() (hlc.Timestamp, error)
+	// Fenced tells the source that a write with its token was refused
+	// because a newer token protects a key: it is no longer the holder.
+	Fenced(err error)
+}
+
+// Writer writes keys through an sskv client, fenced with the token of its
+// source. It is safe for concurrent use.
+type Writer struct {
+	c   *sskv.Client
+	src TokenSource
+}
+
+// New returns a Writer that writes through c with src's token.
+func New(c *sskv.Client, src TokenSource) *Writer {
+	return &Writer{c: c, src: src}
+}
+
+// token returns the source's token, or an error wrapping ErrStale.
+func (w *Writer) token(op, key string) (hlc.Timestamp, error) {
+	t, err := w.src.FencingToken()
+	if err != nil {
+		return hlc.Timestamp{}, fmt.Errorf("fenced: %s %q: %w: %w", op, key, ErrStale, err)
+	}
+	return t, nil
+}
+
+// refused wraps err for op on key, and tells the source when the store
+// refused the write for an older token.
+func (w *Writer) refused(op, key string, err error) error {
+	if errors.Is(err, sskv.ErrFencingTokenLower) {
+		w.src.Fenced(err)
+		return fmt.Errorf("fenced: %s %q: %w: %w", op, key, ErrStale, err)
+	}
+	return fmt.Errorf("fenced: %s %q: %w", op, key, err)
+}
+
+// Set sets key as sskv.Client.Set does, with opts.FencingToken replaced by
+// the source's token.
+func (w *Writer) Set(ctx context.Context, key string, value []byte, opts sskv.SetOptions) (sskv.SetResult, error) {
+	t, err := w.token("set", key)
+	if err != nil {
+		return sskv.SetResult{}, err
+	}
+	opts.FencingToken = t
+	res, err := w.c.Set(ctx, key, value, opts)
+	if err != nil {
+		return res, w.refused("set", key, err)
+	}
+	return res, nil
+}
+
+// Del deletes key, fenced with the source's token.
+func (w *Writer) Del(ctx context.Context, key string) (sskv.DelResult, error) {
+	t, err := w.token("del", key)
+	if err != nil {
+		return sskv.DelResult{}, err
+	}
+	res, err := w.c.Del(ctx, key, sskv.DelOptions{FencingToken: t})
+	if err != nil {
+		return res, w.refused("del", key, err)
+	}
+	return res, nil
+}
+
+// VDel deletes key if it holds value, fenced with the source's token.
+func (w *Writer) VDel(ctx context.Context, key string, value []byte) (sskv.DelResult, error) {
+	t, err := w.token("vdel", key)
+	if err != nil {
+		return sskv.DelResult{}, err
+	}
+	res, err := w.c.VDel(ctx, key, value, sskv.DelOptions{FencingToken: t})
+	if err != nil {
+		return res, w.refused("vdel", key, err)
+	}
+	return res, nil
+}
+
+// Edit reads key, calls change with its value (nil and found false when it
+// does not exist) and writes back what change returns, fenced. If change
+// returns an error, nothing is written and Edit returns that error. If a
+// newer holder writes the key between the read and the write back, the
+// write back is refused with ErrStale, so no newer holder's write is ever
+// lost; concurrent Edits of the same holder are not ordered.
+func (w *Writer) Edit(ctx context.Context, key string, change func(value []byte, found bool) ([]byte, error)) (sskv.SetResult, error) {
+	if _, err := w.token("edit", key); err != nil {
+		return sskv.SetResult{}, err
+	}
+	cur, err := w.c.Get(ctx, key)
+	if err != nil {
+		return sskv.SetResult{}, fmt.Errorf("fenced: edit %q: %w", key, err)
+	}
+	next, err := change(cur.Value, cur.Found)
+	if err != nil {
+		return sskv.SetResult{}, err
+	}
+	return w.Set(ctx, key, next, sskv.SetOptions{})
+}

@@ -1,0 +1,123 @@
+package lock_test
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/dsslock/dsslock/lock"
+	"github.com/dsslock/dsslock/sskv"
+)
+
+// reportPercentiles reports the p50 and p99 of ds, in milliseconds.
+func reportPercentiles(b *testing.B, ds []time.Duration, unit string) {
+	if len(ds) == 0 {
+		return
+	}
+	slices.Sort(ds)
+	at := func(p float64) float64 {
+		return float64(ds[min(len(ds)-1, int(p*float64(len(ds))))]) / float64(time.Millisecond)
+	}
+	b.ReportMetric(at(0.50), "p50-"+unit)
+	b.ReportMetric(at(0.99), "p99-"+unit)
+}
+
+// One uncontended acquisition and release: SET NEX PX, then VDEL.
+func BenchmarkTryLockUnlock(b *testing.B) {
+	srv := startStore(b)
+	l := newLock(b, dial(b, srv.Addr()), lock.Config{Name: "l"})
+	ctx := testCtx(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		if ok, err := l.TryLock(ctx); !ok || err != nil {
+			b.Fatalf("TryLock = %v, %v", ok, err)
+		}
+		if err := l.Unlock(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// One renewal as the renew loop sends it: SET NEX PX of the holder's value.
+func BenchmarkRenewal(b *testing.B) {
+	srv := startStore(b)
+	c := dial(b, srv.Addr())
+	ctx := testCtx(b)
+	opts := sskv.SetOptions{Condition: sskv.IfEqualOrNotExists, Expiry: 10 * time.Second}
+	b.ReportAllocs()
+	for b.Loop() {
+		if res, err := c.Set(ctx, "l", []byte("holder"), opts); err != nil || !res.Applied {
+			b.Fatalf("renewal = %+v, %v", res, err)
+		}
+	}
+}
+
+// Handover: from the start of the holder's Unlock to the waiter's Lock
+// returning, between two clients; the roles swap every round.
+func BenchmarkHandover(b *testing.B) {
+	srv := startStore(b)
+	cs := [2]*sskv.Client{dial(b, srv.Addr()), dial(b, srv.Addr())}
+	ls := [2]*lock.Lock{
+		newLock(b, cs[0], lock.Config{Name: "l", TTL: time.Minute}),
+		newLock(b, cs[1], lock.Config{Name: "l", TTL: time.Minute}),
+	}
+	ctx := testCtx(b)
+	mustLock(b, ls[0])
+	var ds []time.Duration
+	i := 0
+	for b.Loop() {
+		holder, w := ls[i%2], (i+1)%2
+		i++
+		got := make(chan time.Time, 1)
+		go func() {
+			if err := ls[w].Lock(ctx); err != nil {
+				b.Error(err)
+			}
+			got <- time.Now()
+		}()
+		// The waiter is parked on its watch before the holder lets go.
+		waitFor(b, "the waiter to watch", func() bool { return srv.Watching(cs[w].ID(), "l") })
+		start := time.Now()
+		if err := holder.Unlock(ctx); err != nil {
+			b.Fatal(err)
+		}
+		ds = append(ds, (<-got).Sub(start))
+	}
+	reportPercentiles(b, ds, "ms")
+}
+
+// Crash takeover: the holder's client disappears right after its
+// acquisition (its last renewal); measured from that SET to the waiter's
+// Lock returning, minus the TTL.
+func BenchmarkCrashTakeover(b *testing.B) {
+	srv := startStore(b)
+	const ttl = 100 * time.Millisecond
+	waiter := newLock(b, dial(b, srv.Addr()), lock.Config{Name: "l", TTL: ttl})
+	ctx := testCtx(b)
+	var ds []time.Duration
+	for b.Loop() {
+		if waiter.Err() == nil {
+			if err := waiter.Unlock(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+		c, err := sskv.Dial(ctx, sskv.Config{Addr: srv.Addr(), ClientID: testID(b)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		holder, err := lock.New(c, lock.Config{Name: "l", TTL: ttl})
+		if err != nil {
+			b.Fatal(err)
+		}
+		sent := time.Now()
+		if ok, err := holder.TryLock(ctx); !ok || err != nil {
+			b.Fatalf("TryLock = %v, %v", ok, err)
+		}
+		_ = c.Close() // the holder crashes: no more renewals, no release
+		if err := waiter.Lock(ctx); err != nil {
+			b.Fatal(err)
+		}
+		ds = append(ds, time.Since(sent)-ttl)
+	}
+	reportPercentiles(b, ds, "ms-over-TTL")
+}

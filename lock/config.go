@@ -1,0 +1,103 @@
+package lock
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Defaults applied by [New] to zero fields of [Config].
+const (
+	DefaultTTL = 10 * time.Second
+)
+
+// Config configures a [Lock]. Only Name is required. TTL, RenewInterval and
+// RenewDeadline must satisfy
+//
+//	0 < RenewInterval < RenewDeadline < TTL
+//
+// and each is a whole number of milliseconds (the state store's resolution).
+// Zero fields take their defaults: TTL 10 s, RenewInterval TTL/3,
+// RenewDeadline 2/3 TTL.
+type Config struct {
+	// Name is the key that holds the lock. Every holder of the lock uses the
+	// same Name; it must not be empty.
+	Name string
+
+	// HolderID identifies this holder: it is the value of the key while this
+	// Lock holds it, and what [Lock.Holder] reports to others. Two Locks must
+	// never share a HolderID: a renewal or an Unlock of one would act for the
+	// other. Default: the sskv client id, "/" and 16 random hex digits.
+	HolderID string
+
+	// TTL is the lease: how long the key lives after each acquisition or
+	// renewal if the holder stops renewing (PX). Another holder can take the
+	// lock that long after this one's last successful renewal.
+	TTL time.Duration
+
+	// RenewInterval is how long after each successful renewal (or the
+	// acquisition) the next renewal is sent. A failed renewal is retried
+	// sooner, with a short jittered backoff, until RenewDeadline.
+	RenewInterval time.Duration
+
+	// RenewDeadline is how long after sending the last successful renewal
+	// the holder gives up: the lock is then lost (ErrRenewDeadline), on the
+	// holder's own monotonic clock, while the store still holds the key for
+	// at least TTL-RenewDeadline more. That margin is the time the holder's
+	// work has to notice Done and stop before anyone else can take over, and
+	// it must also cover the clock rate difference between holder and store.
+	RenewDeadline time.Duration
+
+	// Logger receives the lock's logs (acquired, lost, released at Info;
+	// failed renewals at Debug). Default: discarded.
+	Logger *slog.Logger
+}
+
+func configErr(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrConfig}, args...)...)
+}
+
+// withDefaults validates cfg and fills in its defaults. clientID is the id of
+// the sskv client, the prefix of the default HolderID.
+func (cfg Config) withDefaults(clientID string) (Config, error) {
+	if cfg.Name == "" {
+		return cfg, configErr("empty Name")
+	}
+	if cfg.HolderID == "" {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		cfg.HolderID = clientID + "/" + hex.EncodeToString(b[:])
+	}
+	if cfg.TTL < 0 || cfg.RenewInterval < 0 || cfg.RenewDeadline < 0 {
+		return cfg, configErr("negative TTL, RenewInterval or RenewDeadline")
+	}
+	if cfg.TTL == 0 {
+		cfg.TTL = DefaultTTL
+	}
+	if cfg.RenewInterval == 0 {
+		cfg.RenewInterval = (cfg.TTL / 3).Truncate(time.Millisecond)
+	}
+	if cfg.RenewDeadline == 0 {
+		cfg.RenewDeadline = (cfg.TTL * 2 / 3).Truncate(time.Millisecond)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"TTL", cfg.TTL}, {"RenewInterval", cfg.RenewInterval}, {"RenewDeadline", cfg.RenewDeadline}} {
+		if d.v < time.Millisecond || d.v%time.Millisecond != 0 {
+			return cfg, configErr("%s %v is not a positive whole number of milliseconds", d.name, d.v)
+		}
+	}
+	if cfg.RenewDeadline >= cfg.TTL {
+		return cfg, configErr("RenewDeadline %v must be less than TTL %v: the holder must give up before the store can expire its key", cfg.RenewDeadline, cfg.TTL)
+	}
+	if cfg.RenewInterval >= cfg.RenewDeadline {
+		return cfg, configErr("RenewInterval %v must be less than RenewDeadline %v: at least one renewal must be tried before the deadline", cfg.RenewInterval, cfg.RenewDeadline)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return cfg, nil
+}

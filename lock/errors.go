@@ -1,0 +1,45 @@
+package lock
+
+import "errors"
+
+// Errors of package lock. Test for them with errors.Is: the error of a lost
+// lock wraps ErrLost and the sentinel of its reason.
+var (
+	// ErrLost is wrapped by [Lock.Err] when the lock was lost: the holder can
+	// no longer be sure that it holds the key. The error also wraps the
+	// reason: ErrRenewDeadline, ErrHeldByOther, ErrFenced or ErrClosed.
+	ErrLost = errors.New("lock: lost")
+
+	// ErrRenewDeadline: no renewal succeeded within Config.RenewDeadline of
+	// the last successful one being sent (a paused process, a lost or slow
+	// connection, an overloaded store). The error also carries the last
+	// renewal error, if any.
+	ErrRenewDeadline = errors.New("lock: renew deadline passed")
+
+	// ErrHeldByOther: a renewal found the key held by another holder (the
+	// lease expired and someone else took it).
+	ErrHeldByOther = errors.New("lock: held by another holder")
+
+	// ErrFenced: a write fenced with the lock's token was refused because a
+	// newer token protects the key: another holder has taken over (reported
+	// through [Lock.Fenced]).
+	ErrFenced = errors.New("lock: a newer fencing token protects a key")
+
+	// ErrReleased is [Lock.Err] after Unlock or Close released the lock.
+	ErrReleased = errors.New("lock: released")
+
+	// ErrNotHeld is [Lock.Err] before the first acquisition, and the error of
+	// a call that needs the lock held when it is not.
+	ErrNotHeld = errors.New("lock: not held")
+
+	// ErrAlreadyHeld is returned by Lock and TryLock on a Lock that holds its
+	// key already: a Lock is one holder, not a counting lock.
+	ErrAlreadyHeld = errors.New("lock: already held by this Lock")
+
+	// ErrClosed is returned by calls on a closed Lock, and is the reason of a
+	// lock lost because its Lock or its sskv.Client was closed.
+	ErrClosed = errors.New("lock: closed")
+
+	// ErrConfig is wrapped by every error about an invalid [Config].
+	ErrConfig = errors.New("lock: invalid config")
+)

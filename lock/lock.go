@@ -1,0 +1,302 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/sskv"
+)
+
+// Lock is one holder of a lease on a key of the state store. Create it with
+// [New]; acquire with [Lock.TryLock] or [Lock.Lock]; release with
+// [Lock.Unlock]. While it holds the key, it renews the lease by itself, and
+// [Lock.Done] closes (and [Lock.Context] is cancelled) as soon as it can no
+// longer be sure to hold it.
+//
+// A Lock may be acquired again after it was released or lost; Done, Context,
+// Err and Token then refer to the new holding. Its methods are safe for
+// concurrent use; acquisitions and releases of one Lock take turns.
+type Lock struct {
+	c     *sskv.Client
+	cfg   Config
+	value []byte
+	log   *slog.Logger
+
+	turn chan struct{} // holds a token while an acquisition or release runs
+
+	mu     sync.Mutex
+	cur    *holding // the latest holding; never nil (see notHeld)
+	closed bool
+}
+
+// New returns a Lock on cfg.Name that acquires it through c. It sends
+// nothing: the Lock is not held until TryLock or Lock succeeds. An invalid
+// cfg gives an error wrapping [ErrConfig].
+func New(c *sskv.Client, cfg Config) (*Lock, error) {
+	if c == nil {
+		return nil, configErr("nil sskv.Client")
+	}
+	cfg, err := cfg.withDefaults(c.ID())
+	if err != nil {
+		return nil, err
+	}
+	l := &Lock{
+		c:     c,
+		cfg:   cfg,
+		value: []byte(cfg.HolderID),
+		log:   cfg.Logger.With("lock", cfg.Name, "holder", cfg.HolderID),
+		turn:  make(chan struct{}, 1),
+	}
+	l.cur = endedHolding(ErrNotHeld)
+	return l, nil
+}
+
+// Name returns the key of the lock.
+func (l *Lock) Name() string { return l.cfg.Name }
+
+// HolderID returns the value this Lock writes to the key while it holds it.
+func (l *Lock) HolderID() string { return l.cfg.HolderID }
+
+// Config returns the Lock's configuration, with defaults filled in.
+func (l *Lock) Config() Config { return l.cfg }
+
+// TryLock makes one attempt to acquire the lock (SET NEX PX) and reports
+// whether it did. Not acquiring it because someone else holds it is not an
+// error. An error means the outcome is unknown (a timeout, a lost
+// connection): the Lock then deletes the key again if it took it, and holds
+// nothing.
+func (l *Lock) TryLock(ctx context.Context) (bool, error) {
+	if err := l.begin(ctx); err != nil {
+		return false, err
+	}
+	defer l.end()
+	ok, err := l.attempt(ctx)
+	if err != nil {
+		l.abandon()
+		return false, fmt.Errorf("lock %q: %w", l.cfg.Name, err)
+	}
+	return ok, nil
+}
+
+// Lock acquires the lock, waiting as long as ctx allows while someone else
+// holds it. When it returns nil, this Lock holds the key, with at least
+// RenewDeadline before it could be lost.
+//
+// A free lock costs one request. Otherwise the Lock watches the key
+// (KEYNOTIFY) and sleeps until it is deleted (released or expired), then
+// tries at once; it sends no request while the holder keeps renewing. After a
+// reconnect, or if notifications were lost, it checks again at once, and as a
+// safeguard it checks every 10 TTLs.
+//
+// If ctx ends first, Lock returns ctx's error (wrapped) and holds nothing:
+// if its last attempt had an unknown outcome, it deletes the key again when
+// it holds it.
+func (l *Lock) Lock(ctx context.Context) error {
+	if err := l.begin(ctx); err != nil {
+		return err
+	}
+	defer l.end()
+	if err := l.wait(ctx); err != nil {
+		return fmt.Errorf("lock %q: %w", l.cfg.Name, err)
+	}
+	return nil
+}
+
+// Unlock releases the lock: it stops the renewals, ends the holding (Done
+// closes; Err is ErrReleased) and deletes the key if it still holds this
+// Lock's HolderID (VDEL), so the next holder need not wait for the TTL. It
+// never deletes a key held by someone else. Call it only once the work the
+// lock guarded has returned.
+//
+// Unlock of a lock that was lost still deletes the key if it is still this
+// holder's, and returns nil. Unlock of a Lock that never acquired the lock,
+// or already released it, returns an error wrapping ErrNotHeld. An error
+// from the store means the outcome of the delete is unknown; the key then
+// expires after at most TTL.
+func (l *Lock) Unlock(ctx context.Context) error {
+	if err := l.begin(ctx); err != nil {
+		return err
+	}
+	defer l.end()
+	return l.release(ctx)
+}
+
+// Close releases the lock if it holds it (as Unlock, bounded by ctx) and
+// makes every later call fail with ErrClosed. It is idempotent.
+func (l *Lock) Close(ctx context.Context) error {
+	if err := l.begin(ctx); err != nil {
+		if errors.Is(err, ErrClosed) {
+			return nil
+		}
+		return err
+	}
+	defer l.end()
+	var err error
+	if h := l.holding(); h.live() {
+		err = l.release(ctx)
+	}
+	l.mu.Lock()
+	l.closed = true
+	l.mu.Unlock()
+	return err
+}
+
+// Done returns a channel that is closed when the current holding ends: the
+// lock was lost or released. Before the first acquisition it is closed.
+func (l *Lock) Done() <-chan struct{} { return l.holding().ctx.Done() }
+
+// Context returns a context that is cancelled when the current holding ends;
+// context.Cause of it is Err. Give it to the work the lock guards.
+func (l *Lock) Context() context.Context { return l.holding().ctx }
+
+// Err returns nil while the lock is held, and otherwise why the current
+// holding ended: an error wrapping ErrLost and its reason, ErrReleased, or
+// ErrNotHeld before the first acquisition.
+func (l *Lock) Err() error { return l.holding().err() }
+
+// Token returns the fencing token of the current holding: the version the
+// store gave the key when this Lock acquired it. Renewals do not change it,
+// so every write of one holding carries the same token, and a holder's
+// earlier fenced writes never make its later ones fail; the next holder's
+// token is always greater. It is zero before the first acquisition, and
+// stays readable after the holding ended (see FencingToken for writes).
+func (l *Lock) Token() hlc.Timestamp { return l.holding().token }
+
+// FencingToken returns the token to fence a write with, or an error if the
+// lock is not held now. It checks the renew deadline on the monotonic clock
+// itself, so a process that was paused past it learns that the lock is lost
+// here, before any write, even if the timer that ends the holding has not
+// run yet. Package fenced calls it for every write.
+func (l *Lock) FencingToken() (hlc.Timestamp, error) {
+	h := l.holding()
+	if err := h.check(); err != nil {
+		return hlc.Timestamp{}, fmt.Errorf("lock %q: %w", l.cfg.Name, err)
+	}
+	return h.token, nil
+}
+
+// Fenced tells the Lock that a write fenced with its token was refused
+// because a newer token protects the key: someone else has taken over. The
+// holding ends at once as lost, with reason ErrFenced. Package fenced calls
+// it; err is the store's refusal.
+func (l *Lock) Fenced(err error) {
+	l.holding().lose(fmt.Errorf("%w: %w", ErrFenced, err))
+}
+
+// Holder is who holds a lock, as the store has it.
+type Holder struct {
+	// ID is the holder's HolderID; empty when the lock is free.
+	ID string
+	// Version is the key's version: that of the holder's latest renewal, at
+	// or after the holder's fencing token. Zero when the lock is free.
+	Version hlc.Timestamp
+}
+
+// Held reports whether anyone holds the lock.
+func (h Holder) Held() bool { return h.ID != "" || !h.Version.IsZero() }
+
+// Holder reads who holds the lock now (GET). It works whether or not this
+// Lock holds it.
+func (l *Lock) Holder(ctx context.Context) (Holder, error) {
+	res, err := l.c.Get(ctx, l.cfg.Name)
+	if err != nil {
+		return Holder{}, fmt.Errorf("lock %q: holder: %w", l.cfg.Name, err)
+	}
+	if !res.Found {
+		return Holder{}, nil
+	}
+	return Holder{ID: string(res.Value), Version: res.Version}, nil
+}
+
+// begin takes the Lock's turn for an acquisition or release.
+func (l *Lock) begin(ctx context.Context) error {
+	select {
+	case l.turn <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("lock %q: %w", l.cfg.Name, ctx.Err())
+	}
+	l.mu.Lock()
+	closed := l.closed
+	l.mu.Unlock()
+	if closed {
+		<-l.turn
+		return fmt.Errorf("lock %q: %w", l.cfg.Name, ErrClosed)
+	}
+	return nil
+}
+
+func (l *Lock) end() { <-l.turn }
+
+func (l *Lock) holding() *holding {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.cur
+}
+
+// attempt sends one acquisition and, when it applies, starts the holding. It
+// reports whether the Lock holds the key. The caller has the turn.
+func (l *Lock) attempt(ctx context.Context) (bool, error) {
+	if h := l.holding(); h.live() {
+		return false, ErrAlreadyHeld
+	}
+	sent := time.Now()
+	res, err := l.c.Set(ctx, l.cfg.Name, l.value, sskv.SetOptions{
+		Condition: sskv.IfEqualOrNotExists,
+		Expiry:    l.cfg.TTL,
+	})
+	if err != nil {
+		return false, err
+	}
+	if !res.Applied {
+		return false, nil
+	}
+	if time.Since(sent) >= l.cfg.RenewDeadline {
+		// The answer came too late to promise anything: the holding would be
+		// lost already. Give the key back and report not acquired.
+		l.log.Warn("acquisition answered after the renew deadline; releasing", "after", time.Since(sent))
+		l.abandon()
+		return false, nil
+	}
+	h := newHolding(l, res.Version, sent)
+	l.mu.Lock()
+	l.cur = h
+	l.mu.Unlock()
+	l.log.Info("acquired", "token", res.Version)
+	go h.renewLoop()
+	return true, nil
+}
+
+// abandon deletes the key if it holds this Lock's HolderID, after an
+// acquisition whose outcome is unknown or that came too late. It is bounded
+// by the TTL (after which the key would be gone anyway) and does not depend
+// on the caller's context, which has usually ended.
+func (l *Lock) abandon() {
+	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.TTL)
+	defer cancel()
+	if _, err := l.c.VDel(ctx, l.cfg.Name, l.value, sskv.DelOptions{}); err != nil {
+		l.log.Debug("could not delete the key after an unknown acquisition; it expires after the TTL", "error", err)
+	}
+}
+
+// release ends the holding and deletes the key if it is still this Lock's.
+// The caller has the turn.
+func (l *Lock) release(ctx context.Context) error {
+	h := l.holding()
+	if h.loop == nil { // never acquired
+		return fmt.Errorf("lock %q: unlock: %w", l.cfg.Name, ErrNotHeld)
+	}
+	if !h.finish(ErrReleased) && errors.Is(h.err(), ErrReleased) {
+		return fmt.Errorf("lock %q: unlock: %w", l.cfg.Name, ErrNotHeld)
+	}
+	res, err := l.c.VDel(ctx, l.cfg.Name, l.value, sskv.DelOptions{})
+	if err != nil {
+		return fmt.Errorf("lock %q: unlock: %w", l.cfg.Name, err)
+	}
+	l.log.Info("released", "deleted", res.Deleted)
+	return nil
+}

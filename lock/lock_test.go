@@ -1,0 +1,430 @@
+package lock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/lock"
+	"github.com/dsslock/dsslock/sskv"
+	"github.com/dsslock/dsslock/sskv/localstore"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// waitTimeout bounds every wait in these tests: a failing test waits this
+// long, a passing one never does.
+const waitTimeout = 20 * time.Second
+
+var seq atomic.Int64
+
+func testID(t testing.TB) string {
+	r := strings.NewReplacer("/", "-", ":", "-", " ", "_", "#", "-", "+", "-")
+	return fmt.Sprintf("%s-%d", r.Replace(t.Name()), seq.Add(1))
+}
+
+func startStore(t testing.TB) *localstore.Server {
+	t.Helper()
+	srv, err := localstore.Start(localstore.Config{})
+	if err != nil {
+		t.Fatalf("localstore.Start: %v", err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	return srv
+}
+
+func testCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func dial(t testing.TB, addr string) *sskv.Client {
+	t.Helper()
+	c, err := sskv.Dial(testCtx(t), sskv.Config{
+		Addr:         addr,
+		ClientID:     testID(t),
+		ReconnectMin: 10 * time.Millisecond,
+		ReconnectMax: 100 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatalf("Dial: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func newLock(t testing.TB, c *sskv.Client, cfg lock.Config) *lock.Lock {
+	t.Helper()
+	l, err := lock.New(c, cfg)
+	if err != nil {
+		t.Fatalf("lock.New: %v", err)
+	}
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	return l
+}
+
+func mustLock(t testing.TB, l *lock.Lock) {
+	t.Helper()
+	if err := l.Lock(testCtx(t)); err != nil {
+		t.Fatalf("Lock: %v", err)
+	}
+}
+
+func holder(t testing.TB, l *lock.Lock) lock.Holder {
+	t.Helper()
+	h, err := l.Holder(testCtx(t))
+	if err != nil {
+		t.Fatalf("Holder: %v", err)
+	}
+	return h
+}
+
+func TestConfigValidation(t *testing.T) {
+	srv := startStore(t)
+	c := dial(t, srv.Addr())
+	for _, tc := range []struct {
+		cfg  lock.Config
+		want string
+	}{
+		{lock.Config{}, "empty Name"},
+		{lock.Config{Name: "l", TTL: -time.Second}, "negative"},
+		{lock.Config{Name: "l", TTL: 1500 * time.Microsecond}, "TTL 1.5ms is not a positive whole number of milliseconds"},
+		{lock.Config{Name: "l", TTL: time.Second, RenewDeadline: time.Second}, "RenewDeadline 1s must be less than TTL 1s"},
+		{lock.Config{Name: "l", TTL: time.Second, RenewInterval: 700 * time.Millisecond}, "RenewInterval 700ms must be less than RenewDeadline 666ms"},
+		{lock.Config{Name: "l", TTL: 2 * time.Millisecond}, "RenewInterval"},
+	} {
+		_, err := lock.New(c, tc.cfg)
+		if !errors.Is(err, lock.ErrConfig) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("New(%+v) = %v; want ErrConfig mentioning %q", tc.cfg, err, tc.want)
+		}
+	}
+	if _, err := lock.New(nil, lock.Config{Name: "l"}); !errors.Is(err, lock.ErrConfig) {
+		t.Errorf("New(nil client) = %v; want ErrConfig", err)
+	}
+	l, err := lock.New(c, lock.Config{Name: "l", TTL: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := l.Config()
+	if got.RenewInterval != time.Second || got.RenewDeadline != 2*time.Second || !strings.HasPrefix(got.HolderID, c.ID()+"/") {
+		t.Errorf("defaults: %+v", got)
+	}
+}
+
+func TestTryLockAndUnlock(t *testing.T) {
+	srv := startStore(t)
+	ca, cb := dial(t, srv.Addr()), dial(t, srv.Addr())
+	a := newLock(t, ca, lock.Config{Name: "l"})
+	b := newLock(t, cb, lock.Config{Name: "l"})
+	ctx := testCtx(t)
+
+	if !errors.Is(a.Err(), lock.ErrNotHeld) || a.Context().Err() == nil || !a.Token().IsZero() {
+		t.Fatalf("before acquisition: Err %v, Context.Err %v, Token %v", a.Err(), a.Context().Err(), a.Token())
+	}
+	if ok, err := a.TryLock(ctx); !ok || err != nil {
+		t.Fatalf("a.TryLock = %v, %v; want true", ok, err)
+	}
+	if a.Err() != nil || a.Context().Err() != nil {
+		t.Fatalf("held, but Err %v", a.Err())
+	}
+	if h := holder(t, b); h.ID != a.HolderID() || h.Version.Before(a.Token()) {
+		t.Fatalf("Holder = %+v; want %s at or after %v", h, a.HolderID(), a.Token())
+	}
+	if ok, err := b.TryLock(ctx); ok || err != nil {
+		t.Fatalf("b.TryLock while a holds = %v, %v; want false, nil", ok, err)
+	}
+	if ok, err := a.TryLock(ctx); ok || !errors.Is(err, lock.ErrAlreadyHeld) {
+		t.Fatalf("a.TryLock again = %v, %v; want ErrAlreadyHeld", ok, err)
+	}
+	tok, err := a.FencingToken()
+	if err != nil || tok != a.Token() {
+		t.Fatalf("FencingToken = %v, %v; want %v", tok, err, a.Token())
+	}
+
+	if err := a.Unlock(ctx); err != nil {
+		t.Fatalf("Unlock: %v", err)
+	}
+	select {
+	case <-a.Done():
+	default:
+		t.Fatal("Done not closed after Unlock")
+	}
+	if !errors.Is(a.Err(), lock.ErrReleased) || errors.Is(a.Err(), lock.ErrLost) {
+		t.Fatalf("Err after Unlock = %v; want ErrReleased", a.Err())
+	}
+	if _, err := a.FencingToken(); !errors.Is(err, lock.ErrReleased) {
+		t.Fatalf("FencingToken after Unlock = %v; want ErrReleased", err)
+	}
+	if err := a.Unlock(ctx); !errors.Is(err, lock.ErrNotHeld) {
+		t.Fatalf("second Unlock = %v; want ErrNotHeld", err)
+	}
+	if h := holder(t, b); h.Held() {
+		t.Fatalf("Holder after Unlock = %+v; want free", h)
+	}
+	if ok, err := b.TryLock(ctx); !ok || err != nil {
+		t.Fatalf("b.TryLock after release = %v, %v", ok, err)
+	}
+	if !b.Token().After(a.Token()) {
+		t.Fatalf("b's token %v is not after a's %v", b.Token(), a.Token())
+	}
+	// Unlock never deletes a key held by someone else.
+	if err := a.Unlock(ctx); !errors.Is(err, lock.ErrNotHeld) {
+		t.Fatalf("a.Unlock of b's lock = %v; want ErrNotHeld", err)
+	}
+	if h := holder(t, a); h.ID != b.HolderID() {
+		t.Fatalf("Holder = %+v; want b", h)
+	}
+
+	if err := b.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := b.TryLock(ctx); ok || !errors.Is(err, lock.ErrClosed) {
+		t.Fatalf("TryLock after Close = %v, %v; want ErrClosed", ok, err)
+	}
+	if h := holder(t, a); h.Held() {
+		t.Fatalf("Close left the key: %+v", h)
+	}
+}
+
+// Unlock hands the lock over at once: the waiter does not wait for the TTL.
+func TestHandoverOnUnlock(t *testing.T) {
+	srv := startStore(t)
+	a := newLock(t, dial(t, srv.Addr()), lock.Config{Name: "l", TTL: time.Minute})
+	cb := dial(t, srv.Addr())
+	b := newLock(t, cb, lock.Config{Name: "l", TTL: time.Minute})
+	mustLock(t, a)
+
+	got := make(chan error, 1)
+	go func() { got <- b.Lock(testCtx(t)) }()
+	// b is waiting: it watches the key before it tries a second time.
+	waitFor(t, "b to watch the key", func() bool { return srv.Watching(cb.ID(), "l") })
+	select {
+	case err := <-got:
+		t.Fatalf("b.Lock returned %v while a holds the lock", err)
+	default:
+	}
+	start := time.Now()
+	if err := a.Unlock(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("b.Lock: %v", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("handover took %v, as if waiting for the TTL", d)
+	}
+	if h := holder(t, a); h.ID != b.HolderID() || !b.Token().After(a.Token()) {
+		t.Fatalf("Holder %+v, tokens a %v b %v", h, a.Token(), b.Token())
+	}
+}
+
+// waitFor polls cond, for state that has no event to wait on (the store's
+// view of a client's watches).
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitTimeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// Renewals keep the lock for many TTLs; nobody else gets it meanwhile.
+func TestRenewalsKeepTheLock(t *testing.T) {
+	srv := startStore(t)
+	ttl := 150 * time.Millisecond
+	a := newLock(t, dial(t, srv.Addr()), lock.Config{Name: "l", TTL: ttl})
+	b := newLock(t, dial(t, srv.Addr()), lock.Config{Name: "l", TTL: ttl})
+	mustLock(t, a)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*ttl)
+	defer cancel()
+	if err := b.Lock(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("b.Lock while a renews = %v; want DeadlineExceeded", err)
+	}
+	if err := a.Err(); err != nil {
+		t.Fatalf("a lost the lock while renewing: %v", err)
+	}
+	h := holder(t, b)
+	if h.ID != a.HolderID() || !h.Version.After(a.Token()) {
+		t.Fatalf("Holder = %+v; want a, renewed past its token %v", h, a.Token())
+	}
+	// The renewals did not change a's token.
+	if tok, err := a.FencingToken(); err != nil || tok != a.Token() {
+		t.Fatalf("FencingToken = %v, %v; want %v", tok, err, a.Token())
+	}
+}
+
+// Exactly one holder at a time, over many rounds of contention among
+// clients on separate connections; tokens increase strictly.
+func TestContention(t *testing.T) {
+	srv := startStore(t)
+	const workers, rounds = 4, 15
+	var (
+		inside atomic.Int32
+		mu     sync.Mutex
+		tokens []hlc.Timestamp
+		wg     sync.WaitGroup
+	)
+	for i := range workers {
+		l := newLock(t, dial(t, srv.Addr()), lock.Config{Name: "l", TTL: 5 * time.Second, HolderID: fmt.Sprintf("w%d", i)})
+		wg.Go(func() {
+			for range rounds {
+				if err := l.Lock(testCtx(t)); err != nil {
+					t.Errorf("%s: Lock: %v", l.HolderID(), err)
+					return
+				}
+				if n := inside.Add(1); n != 1 {
+					t.Errorf("%d holders at once", n)
+				}
+				mu.Lock()
+				tokens = append(tokens, l.Token())
+				mu.Unlock()
+				inside.Add(-1)
+				if err := l.Unlock(testCtx(t)); err != nil {
+					t.Errorf("%s: Unlock: %v", l.HolderID(), err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if len(tokens) != workers*rounds {
+		t.Fatalf("%d acquisitions; want %d", len(tokens), workers*rounds)
+	}
+	for i := 1; i < len(tokens); i++ {
+		if !tokens[i].After(tokens[i-1]) {
+			t.Fatalf("token %d (%v) is not after token %d (%v)", i, tokens[i], i-1, tokens[i-1])
+		}
+	}
+}
+
+// A holder that disappears (its client closed without Unlock) is taken over
+// soon after its lease expires.
+func TestTakeoverAfterHolderDisappears(t *testing.T) {
+	srv := startStore(t)
+	ttl := 300 * time.Millisecond
+	ca := dial(t, srv.Addr())
+	a := newLock(t, ca, lock.Config{Name: "l", TTL: ttl})
+	b := newLock(t, dial(t, srv.Addr()), lock.Config{Name: "l", TTL: ttl})
+	mustLock(t, a)
+	got := make(chan error, 1)
+	go func() { got <- b.Lock(testCtx(t)) }()
+
+	gone := time.Now()
+	_ = ca.Close()
+	<-a.Done()
+	if !errors.Is(a.Err(), lock.ErrLost) {
+		t.Fatalf("a.Err after its client closed = %v; want ErrLost", a.Err())
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("b.Lock: %v", err)
+	}
+	took := time.Since(gone)
+	if took > 10*ttl {
+		t.Fatalf("takeover took %v with a TTL of %v", took, ttl)
+	}
+	if h := holder(t, b); h.ID != b.HolderID() {
+		t.Fatalf("Holder = %+v; want b", h)
+	}
+	t.Logf("takeover %v after the holder's client closed (TTL %v)", took, ttl)
+}
+
+// A Lock cancelled while it waits holds nothing and leaves no key and no
+// registration behind (the etcd failure modes: a Campaign that returned
+// "elected" after its session expired, and a key left after an error).
+func TestCancelledLockLeavesNothing(t *testing.T) {
+	srv := startStore(t)
+	a := newLock(t, dial(t, srv.Addr()), lock.Config{Name: "l", TTL: time.Minute})
+	cb := dial(t, srv.Addr())
+	b := newLock(t, cb, lock.Config{Name: "l", TTL: time.Minute})
+	mustLock(t, a)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	got := make(chan error, 1)
+	go func() { got <- b.Lock(ctx) }()
+	waitFor(t, "b to watch the key", func() bool { return srv.Watching(cb.ID(), "l") })
+	cancel()
+	if err := <-got; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled Lock = %v; want context.Canceled", err)
+	}
+	if !errors.Is(b.Err(), lock.ErrNotHeld) {
+		t.Fatalf("b.Err = %v; want ErrNotHeld", b.Err())
+	}
+	waitFor(t, "b's KEYNOTIFY to be stopped", func() bool { return !srv.Watching(cb.ID(), "l") })
+	if h := holder(t, a); h.ID != a.HolderID() {
+		t.Fatalf("Holder = %+v; want a still", h)
+	}
+}
+
+// A lock taken while the waiter's connection was down is only reported held
+// once the waiter really holds the key: never on the strength of a
+// notification, never after its own lease has gone.
+func TestWaiterReconnectsThenAcquires(t *testing.T) {
+	srv := startStore(t)
+	ttl := 500 * time.Millisecond
+	a := newLock(t, dial(t, srv.Addr()), lock.Config{Name: "l", TTL: ttl})
+	cb := dial(t, srv.Addr())
+	b := newLock(t, cb, lock.Config{Name: "l", TTL: ttl})
+	mustLock(t, a)
+	got := make(chan error, 1)
+	go func() { got <- b.Lock(testCtx(t)) }()
+	waitFor(t, "b to watch the key", func() bool { return srv.Watching(cb.ID(), "l") })
+
+	// b's connection drops; meanwhile a releases: b missed the DELETE and
+	// must find out from its watch's Resync after the reconnect.
+	if err := srv.Drop(cb.ID()); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Unlock(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("b.Lock: %v", err)
+	}
+	if h := holder(t, a); h.ID != b.HolderID() || b.Err() != nil {
+		t.Fatalf("b.Lock returned, but Holder = %+v, b.Err = %v", h, b.Err())
+	}
+}
+
+// Unlock, Close and a lost lock leave no goroutine behind (goleak checks
+// after every test); a closed sskv client ends the holding as lost.
+func TestNoGoroutineAfterEnd(t *testing.T) {
+	srv := startStore(t)
+	c := dial(t, srv.Addr())
+	for i := range 3 {
+		l, err := lock.New(c, lock.Config{Name: fmt.Sprintf("l%d", i), TTL: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustLock(t, l)
+		switch i {
+		case 0:
+			err = l.Unlock(testCtx(t))
+		case 1:
+			err = l.Close(testCtx(t))
+		case 2:
+			l.Fenced(sskv.ErrFencingTokenLower)
+			<-l.Done()
+			if !errors.Is(l.Err(), lock.ErrFenced) || !errors.Is(l.Err(), lock.ErrLost) {
+				t.Errorf("Err after Fenced = %v", l.Err())
+			}
+			err = l.Close(testCtx(t))
+		}
+		if err != nil {
+			t.Fatalf("lock %d: %v", i, err)
+		}
+	}
+}

@@ -1,0 +1,143 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+
+	"github.com/dsslock/dsslock/sskv"
+)
+
+// recheckTTLs is how many TTLs a waiter sleeps, with no notification, before
+// it checks the lock anyway: a safeguard against a notification lost in a way
+// the client could not detect. Reconnects and overflows are detected (the
+// watch delivers a Resync event) and checked at once.
+const recheckTTLs = 10
+
+// wait acquires the lock, sleeping on the key's notifications while someone
+// else holds it. The caller has the turn.
+func (l *Lock) wait(ctx context.Context) error {
+	var (
+		w       *sskv.Watcher
+		wcancel context.CancelFunc = func() {}
+		unknown bool               // the last attempt's outcome is unknown: it may have taken the key
+		woken   bool               // the pending check was woken by a deletion
+		lost    bool               // a check woken by a deletion lost the race to another waiter
+		delayed bool               // the delay timer wakes a deletion's check (not a retry)
+	)
+	// On return the watch ends at once; the client unregisters it in the
+	// background, so Lock does not wait for that round trip.
+	defer func() { wcancel() }()
+
+	retry := newBackoff(max(l.cfg.TTL/100, time.Millisecond), max(l.cfg.TTL/4, time.Millisecond))
+	race := newBackoff(time.Millisecond, min(l.cfg.TTL/10, 100*time.Millisecond))
+	delay := time.NewTimer(time.Hour)
+	delay.Stop()
+	defer delay.Stop()
+	recheck := time.NewTimer(recheckTTLs * l.cfg.TTL)
+	defer recheck.Stop()
+
+	giveUp := func(err error) error {
+		if unknown {
+			l.abandon()
+		}
+		return err
+	}
+	retryLater := func() {
+		delayed = false
+		delay.Reset(retry.NextBackOff())
+	}
+	check := true
+	for {
+		if check {
+			check = false
+			ok, err := l.attempt(ctx)
+			unknown = err != nil
+			switch {
+			case ok:
+				return nil
+			case err != nil:
+				if ctx.Err() != nil || errors.Is(err, ErrAlreadyHeld) || errors.Is(err, sskv.ErrClosed) {
+					return giveUp(err)
+				}
+				// A timeout or a lost connection: try again soon. The same
+				// value makes a repeat of an applied SET harmless (NEX).
+				l.log.Debug("acquisition failed; retrying", "error", err)
+				retryLater()
+			default: // held by someone else
+				retry.Reset()
+				lost = lost || woken
+			}
+			woken = false
+			if err == nil && w == nil {
+				// Watch the key, then check again: it may have been deleted
+				// before the watch was registered.
+				wctx, cancel := context.WithCancel(ctx)
+				if w, err = l.c.Watch(wctx, l.cfg.Name); err != nil {
+					cancel()
+					w = nil
+					if ctx.Err() != nil || errors.Is(err, sskv.ErrClosed) {
+						return giveUp(err)
+					}
+					l.log.Debug("watch failed; retrying", "error", err)
+					retryLater()
+				} else {
+					wcancel = cancel
+					check = true
+					continue
+				}
+			}
+		}
+
+		var events <-chan sskv.Event
+		if w != nil {
+			events = w.Events()
+		}
+		select {
+		case <-ctx.Done():
+			return giveUp(ctx.Err())
+		case ev, ok := <-events:
+			switch {
+			case !ok:
+				// The watch ended (the service refused to register it again
+				// after a reconnect): check, then watch again.
+				if ctx.Err() != nil {
+					return giveUp(ctx.Err())
+				}
+				l.log.Debug("watch ended; watching again", "error", w.Err())
+				wcancel()
+				w, wcancel = nil, func() {}
+				check = true
+			case ev.Op == sskv.OpDelete || ev.Resync:
+				// Released or expired (or changed while notifications were
+				// lost): try at once, or after a short random delay if this
+				// waiter lost the last race.
+				if lost {
+					delayed = true
+					delay.Reset(race.NextBackOff())
+				} else {
+					check, woken = true, true
+				}
+			}
+			// A SET is the holder renewing, or a new holder: keep sleeping.
+		case <-delay.C:
+			check, woken = true, delayed
+		case <-recheck.C:
+			check = true
+			recheck.Reset(recheckTTLs * l.cfg.TTL)
+		}
+	}
+}
+
+func newBackoff(initial, maxD time.Duration) *backoff.ExponentialBackOff {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval = initial
+	b.MaxInterval = max(maxD, initial)
+	b.RandomizationFactor = 0.5
+	b.Multiplier = 2
+	b.MaxElapsedTime = 0
+	b.Reset()
+	return b
+}
