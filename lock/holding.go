@@ -103,7 +103,7 @@ func (h *holding) endWith(cause error) bool {
 
 // lose ends the holding as lost for reason.
 func (h *holding) lose(reason error) {
-	if h.endWith(fmt.Errorf("%w: %w", ErrLost, reason)) {
+	if h.endWith(&lostError{reason}) {
 		h.l.log.Warn("lost", "token", h.token, "reason", reason)
 	}
 }

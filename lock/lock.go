@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -78,7 +79,7 @@ func (l *Lock) TryLock(ctx context.Context) (bool, error) {
 	ok, err := l.attempt(ctx)
 	if err != nil {
 		l.abandon()
-		return false, fmt.Errorf("lock %q: %w", l.cfg.Name, err)
+		return false, l.wrap("", err)
 	}
 	return ok, nil
 }
@@ -102,7 +103,7 @@ func (l *Lock) Lock(ctx context.Context) error {
 	}
 	defer l.end()
 	if err := l.wait(ctx); err != nil {
-		return fmt.Errorf("lock %q: %w", l.cfg.Name, err)
+		return l.wrap("", err)
 	}
 	return nil
 }
@@ -175,7 +176,7 @@ func (l *Lock) Token() hlc.Timestamp { return l.holding().token }
 func (l *Lock) FencingToken() (hlc.Timestamp, error) {
 	h := l.holding()
 	if err := h.check(); err != nil {
-		return hlc.Timestamp{}, fmt.Errorf("lock %q: %w", l.cfg.Name, err)
+		return hlc.Timestamp{}, l.wrap("", err)
 	}
 	return h.token, nil
 }
@@ -205,7 +206,7 @@ func (h Holder) Held() bool { return h.ID != "" || !h.Version.IsZero() }
 func (l *Lock) Holder(ctx context.Context) (Holder, error) {
 	res, err := l.c.Get(ctx, l.cfg.Name)
 	if err != nil {
-		return Holder{}, fmt.Errorf("lock %q: holder: %w", l.cfg.Name, err)
+		return Holder{}, l.wrap("holder", err)
 	}
 	if !res.Found {
 		return Holder{}, nil
@@ -218,14 +219,14 @@ func (l *Lock) begin(ctx context.Context) error {
 	select {
 	case l.turn <- struct{}{}:
 	case <-ctx.Done():
-		return fmt.Errorf("lock %q: %w", l.cfg.Name, ctx.Err())
+		return l.wrap("", ctx.Err())
 	}
 	l.mu.Lock()
 	closed := l.closed
 	l.mu.Unlock()
 	if closed {
 		<-l.turn
-		return fmt.Errorf("lock %q: %w", l.cfg.Name, ErrClosed)
+		return l.wrap("", ErrClosed)
 	}
 	return nil
 }
@@ -288,15 +289,45 @@ func (l *Lock) abandon() {
 func (l *Lock) release(ctx context.Context) error {
 	h := l.holding()
 	if h.loop == nil { // never acquired
-		return fmt.Errorf("lock %q: unlock: %w", l.cfg.Name, ErrNotHeld)
+		return l.wrap("unlock", ErrNotHeld)
 	}
 	if !h.finish(ErrReleased) && errors.Is(h.err(), ErrReleased) {
-		return fmt.Errorf("lock %q: unlock: %w", l.cfg.Name, ErrNotHeld)
+		return l.wrap("unlock", ErrNotHeld)
 	}
 	res, err := l.c.VDel(ctx, l.cfg.Name, l.value, sskv.DelOptions{})
 	if err != nil {
-		return fmt.Errorf("lock %q: unlock: %w", l.cfg.Name, err)
+		return l.wrap("unlock", err)
 	}
 	l.log.Info("released", "deleted", res.Deleted)
 	return nil
 }
+
+// wrap adds the lock's name, and the operation op if not empty, to err,
+// saying "lock" once.
+func (l *Lock) wrap(op string, err error) error {
+	return &opError{name: l.cfg.Name, op: op, err: err}
+}
+
+type opError struct {
+	name, op string
+	err      error
+}
+
+func (e *opError) Error() string {
+	op := ""
+	if e.op != "" {
+		op = e.op + ": "
+	}
+	return fmt.Sprintf("lock %q: %s%s", e.name, op, strings.TrimPrefix(e.err.Error(), "lock: "))
+}
+
+func (e *opError) Unwrap() error { return e.err }
+
+// lostError is the error of a lost holding: it wraps ErrLost and the reason.
+type lostError struct{ reason error }
+
+func (e *lostError) Error() string {
+	return "lock: lost: " + strings.TrimPrefix(e.reason.Error(), "lock: ")
+}
+
+func (e *lostError) Unwrap() []error { return []error{ErrLost, e.reason} }
