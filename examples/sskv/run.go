@@ -20,6 +20,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/lock"
 	"github.com/dsslock/dsslock/sskv"
 )
 
@@ -29,6 +30,7 @@ const (
 	exitError  = 1 // connection or service error, unreadable file, ...
 	exitUsage  = 2 // bad command line
 	exitNotMet = 3 // not found, not applied, value differs
+	exitLost   = 4 // lock: the lock was lost while COMMAND ran
 )
 
 const defaultAddr = "127.0.0.1:1883"
@@ -90,6 +92,7 @@ type cmdOpts struct {
 	ft      hlc.Timestamp
 	persist bool
 	file    string
+	ttl     time.Duration
 }
 
 type command struct {
@@ -188,6 +191,30 @@ changes not seen one by one (during a reconnect, or when the output was
 too slow). Changes made before the watch started are not printed.`,
 		minArgs: 1, maxArgs: -1,
 	},
+	{
+		name:    "lock",
+		args:    "[-ttl DURATION] NAME -- COMMAND [ARGS...]",
+		summary: "run COMMAND while holding the lock NAME",
+		doc: `Waits for the lock NAME (a key of the state store, held with package
+github.com/dsslock/dsslock/lock), runs COMMAND while holding it, releases it
+when COMMAND exits, and exits with COMMAND's status (128+N if a signal N
+ended it). COMMAND's environment gets DSSLOCK_LOCK (NAME) and DSSLOCK_TOKEN,
+the lock's fencing token as the store writes it, so that a script can make
+fenced writes:
+
+	sskv lock jobs/nightly -- sh -c 'sskv set -ft "$DSSLOCK_TOKEN" jobs/last "$(date)"'
+
+SIGINT and SIGTERM sent to sskv are passed on to COMMAND; the lock is
+released after COMMAND exits. If the lock is lost while COMMAND runs (no
+renewal succeeded within two thirds of the TTL, or someone else took it),
+COMMAND gets SIGTERM, then SIGKILL if it has not exited when the store
+could expire the lock (a third of the TTL later), and sskv exits with
+status 4, the reason on stderr. Give -- before COMMAND when it has flags.`,
+		flags: func(fs *flag.FlagSet, o *cmdOpts) {
+			fs.DurationVar(&o.ttl, "ttl", lock.DefaultTTL, "the lease: how long the lock outlives its holder's last renewal")
+		},
+		minArgs: 2, maxArgs: -1,
+	},
 }
 
 // maxPX is the longest expiry -px takes: the longest time.Duration, in whole
@@ -263,7 +290,7 @@ Commands:
 
 Exit status: 0 done; 1 error; 2 bad usage; 3 condition not met (get of a
 missing key, set not applied, del or vdel of a missing key, vdel of another
-value).
+value); lock: COMMAND's status, or 4 if the lock was lost while it ran.
 `)
 	if short {
 		fmt.Fprintf(w, "\nRun 'sskv -h' for the connection flags and examples.\n")
@@ -397,8 +424,15 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	defer c.Close()
 
-	if cmd.name == "watch" {
+	switch cmd.name {
+	case "watch":
 		return watch(ctx, c, pos, stdout, stderr)
+	case "lock":
+		var log *slog.Logger // sskv reports a loss itself; -v shows the lock's own logs
+		if cf.verbose {
+			log = cfg.Logger
+		}
+		return runLocked(ctx, c, pos[0], pos[1:], o.ttl, log, stdin, stdout, stderr)
 	}
 	rctx, cancel := context.WithTimeout(ctx, cf.timeout)
 	defer cancel()

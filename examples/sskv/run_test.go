@@ -29,6 +29,12 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv("SSKV_TEST_MAIN") == "1" {
+		// The test binary runs as sskv itself, for tests that need a
+		// process of their own (signals).
+		main()
+		return
+	}
 	goleak.VerifyTestMain(m)
 }
 
@@ -52,8 +58,8 @@ func sskvIn(t *testing.T, stdin io.Reader, args ...string) outcome {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var stdout, stderr bytes.Buffer
-	code := run(ctx, args, stdin, &stdout, &stderr)
+	stdout, stderr := newSyncBuffer(), newSyncBuffer() // "sskv lock" commands write concurrently
+	code := run(ctx, args, stdin, stdout, stderr)
 	return outcome{code, stdout.String(), stderr.String()}
 }
 

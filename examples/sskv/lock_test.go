@@ -1,0 +1,175 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/sskv"
+	"github.com/dsslock/dsslock/sskv/localstore"
+)
+
+// Several "sskv lock" runs of one lock, at once: their commands never
+// overlap, each gets the token and the lock's name, and the lock is free
+// when they are done.
+func TestLockMutualExclusion(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	journal := filepath.Join(t.TempDir(), "journal")
+	script := `echo "in $DSSLOCK_TOKEN $DSSLOCK_LOCK" >> "$0"; sleep 0.05; echo out >> "$0"`
+	var wg sync.WaitGroup
+	outs := make([]outcome, 4)
+	for i := range outs {
+		wg.Go(func() {
+			outs[i] = sskvRun(t, "-addr", srv.Addr(), "lock", "-ttl", "2s", "jobs/x", "--", "sh", "-c", script, journal)
+		})
+	}
+	wg.Wait()
+	for _, o := range outs {
+		o.want(t, exitOK, "", "")
+	}
+	data, err := os.ReadFile(journal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	in := regexp.MustCompile(`^in (\d{15}:\d{5}:statestore) jobs/x$`)
+	var last hlc.Timestamp
+	for i := 0; i < len(lines); i += 2 {
+		m := in.FindStringSubmatch(lines[i])
+		if m == nil || i+1 >= len(lines) || lines[i+1] != "out" {
+			t.Fatalf("commands overlapped or lacked the environment:\n%s", data)
+		}
+		tok, err := hlc.Parse(m[1])
+		if err != nil || !tok.After(last) {
+			t.Fatalf("token %q not after %v: %v", m[1], last, err)
+		}
+		last = tok
+	}
+	if len(lines) != 2*len(outs) {
+		t.Fatalf("journal has %d lines; want %d:\n%s", len(lines), 2*len(outs), data)
+	}
+	sskvRun(t, "-addr", srv.Addr(), "get", "jobs/x").want(t, exitNotMet, "", "(not found)")
+}
+
+// The command's exit status is sskv's; the token works for fenced writes
+// from the command, and is refused once a newer holder wrote.
+func TestLockStatusAndFencedWrite(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	a := []string{"-addr", srv.Addr(), "lock", "l", "--"}
+	sskvRun(t, append(a, "sh", "-c", "exit 7")...).want(t, 7, "", "")
+	sskvRun(t, append(a, "sh", "-c", "kill -TERM $$")...).want(t, 128+int(syscall.SIGTERM), "", "")
+	sskvRun(t, append(a, "/nonexistent/command")...).want(t, exitError, "", "no such file")
+
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("SSKV_TEST_MAIN", "1")
+	// The command writes with its token, and prints the token.
+	write := `"$0" -addr "$1" set -ft "$DSSLOCK_TOKEN" data "$2" >/dev/null && echo "$DSSLOCK_TOKEN"`
+	first := sskvRun(t, append(a, "sh", "-c", write, self, srv.Addr(), "first")...)
+	second := sskvRun(t, append(a, "sh", "-c", write, self, srv.Addr(), "second")...)
+	first.want(t, exitOK, first.stdout, "")
+	second.want(t, exitOK, second.stdout, "")
+	t1, err1 := hlc.Parse(strings.TrimSpace(first.stdout))
+	t2, err2 := hlc.Parse(strings.TrimSpace(second.stdout))
+	if err1 != nil || err2 != nil || !t2.After(t1) {
+		t.Fatalf("tokens %q then %q: want increasing HLC versions", first.stdout, second.stdout)
+	}
+	// The first holder's token no longer writes the key: the second's
+	// fenced it.
+	sskvRun(t, "-addr", srv.Addr(), "set", "-ft", t1.String(), "data", "late").
+		want(t, exitError, "", "lower version than the fencing token")
+	if o := sskvRun(t, "-addr", srv.Addr(), "get", "data"); !strings.HasPrefix(o.stdout, "second\n") {
+		t.Fatalf("data = %q; want the second holder's write", o.stdout)
+	}
+}
+
+// A lock lost while the command runs: the command gets SIGTERM, sskv exits
+// 4 with the reason.
+func TestLockLostTerminatesCommand(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	dir := t.TempDir()
+	started, trapped := filepath.Join(dir, "started"), filepath.Join(dir, "trapped")
+	script := `trap 'echo TERM > "$1"; exit 0' TERM; : > "$0"; while :; do sleep 0.01; done`
+	done := make(chan outcome, 1)
+	go func() {
+		done <- sskvRun(t, "-addr", srv.Addr(), "lock", "-ttl", "300ms", "l", "--", "sh", "-c", script, started, trapped)
+	}()
+	waitFile(t, started)
+	// Someone takes the key: the holder's next renewal finds it held by
+	// another.
+	c, err := sskv.Dial(context.Background(), sskv.Config{Addr: srv.Addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Set(context.Background(), "l", []byte("intruder"), sskv.SetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	o := <-done
+	o.want(t, exitLost, "", `sskv: lock "l" lost: held by another holder`)
+	if b, err := os.ReadFile(trapped); err != nil || string(b) != "TERM\n" {
+		t.Fatalf("the command did not get SIGTERM: %q, %v", b, err)
+	}
+	// The intruder's key stays: sskv deletes only its own.
+	if res, err := c.Get(context.Background(), "l"); err != nil || string(res.Value) != "intruder" {
+		t.Fatalf("after the loss, l = %+v, %v; want the intruder's", res, err)
+	}
+}
+
+// SIGTERM to sskv reaches the command; the lock is released after the
+// command exits, and sskv exits with the command's status.
+func TestLockPassesSignalsOn(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	dir := t.TempDir()
+	started, trapped := filepath.Join(dir, "started"), filepath.Join(dir, "trapped")
+	script := `trap 'echo TERM > "$1"; exit 3' TERM; : > "$0"; while :; do sleep 0.01; done`
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(self, "-addr", srv.Addr(), "lock", "l", "--", "sh", "-c", script, started, trapped)
+	cmd.Env = append(os.Environ(), "SSKV_TEST_MAIN=1")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFile(t, started)
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	err = cmd.Wait()
+	if cmd.ProcessState.ExitCode() != 3 {
+		t.Fatalf("sskv exited %v (stderr %q); want the command's status 3", err, stderr.String())
+	}
+	if b, err := os.ReadFile(trapped); err != nil || string(b) != "TERM\n" {
+		t.Fatalf("the command did not get SIGTERM: %q, %v", b, err)
+	}
+	sskvRun(t, "-addr", srv.Addr(), "get", "l").want(t, exitNotMet, "", "(not found)")
+}
+
+// waitFile waits for a file that a command creates when it has started.
+func waitFile(t *testing.T, path string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s was not created", path)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
