@@ -43,7 +43,7 @@ func New(c *sskv.Client, src TokenSource) *Writer {
 func (w *Writer) token(op, key string) (hlc.Timestamp, error) {
 	t, err := w.src.FencingToken()
 	if err != nil {
-		return hlc.Timestamp{}, fmt.Errorf("fenced: %s %q: %w: %w", op, key, ErrStale, err)
+		return hlc.Timestamp{}, &staleError{op: op, key: key, cause: err}
 	}
 	return t, nil
 }
@@ -53,7 +53,7 @@ func (w *Writer) token(op, key string) (hlc.Timestamp, error) {
 func (w *Writer) refused(op, key string, err error) error {
 	if errors.Is(err, sskv.ErrFencingTokenLower) {
 		w.src.Fenced(err)
-		return fmt.Errorf("fenced: %s %q: %w: %w", op, key, ErrStale, err)
+		return &staleError{op: op, key: key, cause: err}
 	}
 	return fmt.Errorf("fenced: %s %q: %w", op, key, err)
 }
@@ -119,3 +119,16 @@ func (w *Writer) Edit(ctx context.Context, key string, change func(value []byte,
 	}
 	return w.Set(ctx, key, next, sskv.SetOptions{})
 }
+
+// staleError is a write made impossible by a newer token: it wraps ErrStale
+// and the cause (the source's error, or the store's refusal).
+type staleError struct {
+	op, key string
+	cause   error
+}
+
+func (e *staleError) Error() string {
+	return fmt.Sprintf("fenced: %s %q: stale fencing token: %v", e.op, e.key, e.cause)
+}
+
+func (e *staleError) Unwrap() []error { return []error{ErrStale, e.cause} }
