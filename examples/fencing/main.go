@@ -1,14 +1,17 @@
 // Command fencing is dsslock's main demo: why a lease alone cannot keep two
-// instances from acting at once, and how a fencing token does.
+// instances from acting at once, and how packages lock and fenced do.
 //
 //	go run ./examples/fencing
 //
 // It starts a local state store in-process (or uses -addr), then plays the
-// classic failure: instance A takes a lease and writes under it, then pauses
-// (a GC pause, a frozen VM) past the lease's expiry. Instance B, watching the
-// lease, takes it over the moment it expires and writes. A wakes up still
-// believing it holds the lease and writes again: the state store rejects that
-// write, because A's fencing token (its lease's version) is older than B's.
+// classic failure. Instance A takes the lock and writes under it; B waits
+// for the lock. A freezes (a GC pause, a frozen VM): its renewals stop
+// reaching the store, which the demo does by freezing A's connection in a
+// fault-injecting proxy. A's lock gives up on A's own clock before the
+// store can expire the key, and tells A's work to stop. B takes the lock
+// once the key expires, and writes. A write of A's sent with its old token
+// (one prepared before the pause) is rejected by the state store, because
+// B's token is newer; A's fenced writer refuses even to send one.
 package main
 
 import (
@@ -19,32 +22,36 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"time"
 
+	"github.com/dsslock/dsslock/fenced"
 	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/internal/faultproxy"
+	"github.com/dsslock/dsslock/lock"
 	"github.com/dsslock/dsslock/sskv"
 	"github.com/dsslock/dsslock/sskv/localstore"
 )
 
 func main() {
 	addr := flag.String("addr", "", "state store `address`; empty: start a local state store in-process")
-	lease := flag.Duration("lease", 2*time.Second, "lease duration")
+	ttl := flag.Duration("ttl", 2*time.Second, "the lock's TTL (lease)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, os.Stdout, *addr, *lease); err != nil {
+	if err := run(ctx, os.Stdout, *addr, *ttl); err != nil {
 		fmt.Fprintln(os.Stderr, "fencing:", err)
 		os.Exit(1)
 	}
 }
 
 const (
-	lockKey = "demo/lease"
+	lockKey = "demo/lock"
 	dataKey = "demo/setpoint"
 )
 
 // run plays the demo and writes its narrative to out.
-func run(ctx context.Context, out io.Writer, addr string, lease time.Duration) error {
+func run(ctx context.Context, out io.Writer, addr string, ttl time.Duration) error {
 	start := time.Now()
 	say := func(who, format string, args ...any) {
 		fmt.Fprintf(out, "%6.3fs  %-2s %s\n", time.Since(start).Seconds(), who, fmt.Sprintf(format, args...))
@@ -58,102 +65,115 @@ func run(ctx context.Context, out io.Writer, addr string, lease time.Duration) e
 		addr = srv.Addr()
 		say("", "local state store listening on %s", addr)
 	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second+4*lease)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second+4*ttl)
 	defer cancel()
 
-	a, err := sskv.Dial(ctx, sskv.Config{Addr: addr, ClientID: "instance-A"})
+	// A reaches the store through a proxy that can freeze its connection.
+	proxy, err := faultproxy.Start(addr, faultproxy.Options{})
 	if err != nil {
 		return err
 	}
-	defer a.Close()
-	b, err := sskv.Dial(ctx, sskv.Config{Addr: addr, ClientID: "instance-B"})
+	defer proxy.Close()
+	ca, err := sskv.Dial(ctx, sskv.Config{Addr: proxy.Addr(), ClientID: "instance-A"})
 	if err != nil {
 		return err
 	}
-	defer b.Close()
-	// A fresh demo: remove what an earlier run against the same store left.
-	if _, err := a.Del(ctx, lockKey, sskv.DelOptions{}); err != nil {
+	defer ca.Close()
+	cb, err := sskv.Dial(ctx, sskv.Config{Addr: addr, ClientID: "instance-B"})
+	if err != nil {
 		return err
 	}
-	if res, err := a.Get(ctx, dataKey); err == nil && res.Found {
-		// The key is fenced by an earlier run's token: any token from now on
-		// is newer.
-		now := hlc.Timestamp{Wall: time.Now().UnixMilli(), Node: "demo"}
-		if _, err := a.Del(ctx, dataKey, sskv.DelOptions{FencingToken: now}); err != nil {
-			return fmt.Errorf("clearing %s: %w", dataKey, err)
-		}
+	defer cb.Close()
+	if err := clear(ctx, cb); err != nil {
+		return err
 	}
 
-	take := sskv.SetOptions{Condition: sskv.IfNotExists, Expiry: lease}
-
-	// A takes the lease and writes under it.
-	resA, err := a.Set(ctx, lockKey, []byte("instance-A"), take)
+	cfg := lock.Config{Name: lockKey, TTL: ttl}
+	cfg.HolderID = "instance-A"
+	a, err := lock.New(ca, cfg)
 	if err != nil {
 		return err
 	}
-	if !resA.Applied {
-		return errors.New("the lease is held by someone else; is another demo running?")
-	}
-	tokenA := resA.Version
-	say("A", "took the lease for %v; fencing token %s", lease, tokenA)
-	if _, err := a.Set(ctx, dataKey, []byte("21.0 (from A)"), sskv.SetOptions{FencingToken: tokenA}); err != nil {
-		return err
-	}
-	say("A", "wrote %s = 21.0 with its token", dataKey)
-
-	// B is on standby: it watches the lease and tries to take it whenever it
-	// is deleted or expires.
-	w, err := b.Watch(ctx, lockKey)
+	defer a.Close(context.Background())
+	cfg.HolderID = "instance-B"
+	b, err := lock.New(cb, cfg)
 	if err != nil {
 		return err
 	}
-	defer w.Stop()
-	resB, err := b.Set(ctx, lockKey, []byte("instance-B"), take)
+	defer b.Close(context.Background())
+
+	// A takes the lock and writes under it.
+	if err := a.Lock(ctx); err != nil {
+		return err
+	}
+	rd := a.Config().RenewDeadline
+	say("A", "took the lock (TTL %v, renewed every %v); fencing token %s", ttl, a.Config().RenewInterval, a.Token())
+	wa := fenced.New(ca, a)
+	if _, err := wa.Set(ctx, dataKey, []byte("21.0 (from A)"), sskv.SetOptions{}); err != nil {
+		return err
+	}
+	say("A", "wrote %s = 21.0 through its fenced writer", dataKey)
+
+	// B is on standby: Lock waits, on the key's notifications, until the
+	// lock is free.
+	bLocked := make(chan error, 1)
+	go func() { bLocked <- b.Lock(ctx) }()
+	say("B", "standby: waiting for the lock")
+
+	proxy.Blackhole()
+	say("A", "freezes (stop-the-world GC, frozen VM...): its renewals stop reaching the store")
+	select {
+	case <-a.Done():
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	say("A", "its lock gave up on A's own clock, %v after the last renewal was sent,", rd)
+	say("", "   before the store can expire the key: %v", a.Err())
+	say("", "   A's work is told to stop (lock.Context is cancelled)")
+
+	if err := <-bLocked; err != nil {
+		return err
+	}
+	say("B", "took the lock once A's lease expired; fencing token %s", b.Token())
+	if _, err := fenced.New(cb, b).Set(ctx, dataKey, []byte("19.5 (from B)"), sskv.SetOptions{}); err != nil {
+		return err
+	}
+	say("B", "wrote %s = 19.5 through its fenced writer", dataKey)
+
+	proxy.Heal()
+	say("A", "wakes up; a write it had prepared before the pause goes out with its old token")
+	_, err = ca.Set(ctx, dataKey, []byte("22.0 (from A, stale)"), sskv.SetOptions{FencingToken: a.Token()})
+	if !errors.Is(err, sskv.ErrFencingTokenLower) {
+		return fmt.Errorf("the stale write was not refused for its token: %v", err)
+	}
+	say("A", "write REJECTED by the state store: %v", strings.TrimPrefix(err.Error(), "sskv: "))
+	_, err = wa.Set(ctx, dataKey, []byte("22.5 (from A)"), sskv.SetOptions{})
+	if !errors.Is(err, fenced.ErrStale) {
+		return fmt.Errorf("A's fenced writer did not refuse: %v", err)
+	}
+	say("A", "its fenced writer refuses even to send: %v", err)
+
+	final, err := cb.Get(ctx, dataKey)
 	if err != nil {
 		return err
 	}
-	say("B", "standby: lease taken? %v (held by A); watching it", resB.Applied)
+	say("", "%s = %q: only the current holder's writes landed", dataKey, final.Value)
+	if err := b.Unlock(ctx); err != nil {
+		return err
+	}
+	return nil
+}
 
-	say("A", "pauses (stop-the-world GC, frozen VM...) and does not renew")
-	for !resB.Applied {
-		select {
-		case ev, ok := <-w.Events():
-			if !ok {
-				return fmt.Errorf("watch ended: %v", w.Err())
-			}
-			if ev.Op != sskv.OpDelete {
-				continue
-			}
-			say("B", "saw the lease expire")
-			if resB, err = b.Set(ctx, lockKey, []byte("instance-B"), take); err != nil {
-				return err
-			}
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	tokenB := resB.Version
-	say("B", "took the lease; fencing token %s", tokenB)
-	if _, err := b.Set(ctx, dataKey, []byte("19.5 (from B)"), sskv.SetOptions{FencingToken: tokenB}); err != nil {
+// clear removes what an earlier run against the same store left: the lock,
+// and the data key, fenced by that run's token (any token from now on is
+// newer).
+func clear(ctx context.Context, c *sskv.Client) error {
+	if _, err := c.Del(ctx, lockKey, sskv.DelOptions{}); err != nil {
 		return err
 	}
-	say("B", "wrote %s = 19.5 with its token", dataKey)
-
-	// A wakes up, still believing it holds the lease, and writes.
-	say("A", "wakes up, still believes it holds the lease, writes 22.0")
-	_, err = a.Set(ctx, dataKey, []byte("22.0 (from A, stale)"), sskv.SetOptions{FencingToken: tokenA})
-	switch {
-	case errors.Is(err, sskv.ErrFencingTokenLower):
-		say("A", "write REJECTED by the state store: %v", err)
-	case err != nil:
-		return err
-	default:
-		return errors.New("the stale write was accepted: fencing failed")
+	now := hlc.Timestamp{Wall: time.Now().UnixMilli(), Node: "demo"}
+	if _, err := c.Del(ctx, dataKey, sskv.DelOptions{FencingToken: now}); err != nil {
+		return fmt.Errorf("clearing %s: %w", dataKey, err)
 	}
-	final, err := b.Get(ctx, dataKey)
-	if err != nil {
-		return err
-	}
-	say("", "%s = %q: only the current lease holder's writes landed", dataKey, final.Value)
 	return nil
 }

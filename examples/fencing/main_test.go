@@ -14,14 +14,15 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// TestDemo runs the demo on an in-process store: the paused holder's late
-// write must be rejected and the standby's value must stand.
+// TestDemo runs the demo on an in-process store: the frozen holder must give
+// up before the takeover, its late write must be rejected and the standby's
+// value must stand.
 func TestDemo(t *testing.T) {
 	var out bytes.Buffer
 	if err := run(context.Background(), &out, "", 300*time.Millisecond); err != nil {
 		t.Fatalf("demo failed: %v\n%s", err, out.String())
 	}
-	for _, want := range []string{"saw the lease expire", "write REJECTED", `"19.5 (from B)"`} {
+	for _, want := range []string{"its lock gave up", "took the lock once A's lease expired", "write REJECTED", "refuses even to send", `"19.5 (from B)"`} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
