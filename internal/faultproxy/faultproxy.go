@@ -8,6 +8,7 @@
 package faultproxy
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -23,7 +24,10 @@ type Options struct {
 	// (SO_SNDBUF, SO_RCVBUF) of both sockets of every connection, and bounds
 	// what the proxy holds per direction of a frozen connection. Small
 	// buffers make a writer to a frozen connection block soon. The kernel
-	// may round the size up (Linux doubles it and has a minimum).
+	// may round the size up (Linux doubles it and has a minimum). On
+	// loopback, whose segments are 64 KiB, sizes below about 32 KiB can
+	// stall a connection in the kernel's zero-window probing for seconds:
+	// use 32 KiB or more.
 	BufferSize int
 }
 
@@ -144,36 +148,45 @@ func (p *Proxy) accept() {
 // them until either side ends.
 func (p *Proxy) serve(c net.Conn) {
 	defer p.wg.Done()
-	s, err := net.Dial("tcp", p.target)
-	if err != nil {
-		_ = c.Close()
-		return
-	}
-	p.setBuffers(c)
-	p.setBuffers(s)
 	hold := p.opts.BufferSize
 	if hold <= 0 {
 		hold = 64 << 10
 	}
-	l := &link{client: c, server: s, hold: hold, done: make(chan struct{})}
+	// The link is registered before the target is dialled, so that Cut and
+	// Close also end a connection still being set up.
+	dialCtx, cancelDial := context.WithCancel(context.Background())
+	defer cancelDial()
+	l := &link{client: c, hold: hold, done: make(chan struct{}), cancelDial: cancelDial}
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
-		l.close()
+		_ = c.Close()
 		return
 	}
 	p.links[l] = struct{}{}
 	p.mu.Unlock()
+	defer func() {
+		l.close()
+		p.mu.Lock()
+		delete(p.links, l)
+		p.mu.Unlock()
+	}()
 
+	var d net.Dialer
+	s, err := d.DialContext(dialCtx, "tcp", p.target)
+	if err != nil {
+		return
+	}
+	if !l.setServer(s) {
+		return // cut while dialling
+	}
+	p.setBuffers(c)
+	p.setBuffers(s)
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); l.pipe(s, c) }()
 	go func() { defer wg.Done(); l.pipe(c, s) }()
 	wg.Wait()
-	l.close()
-	p.mu.Lock()
-	delete(p.links, l)
-	p.mu.Unlock()
 }
 
 func (p *Proxy) setBuffers(c net.Conn) {
@@ -188,15 +201,17 @@ func (p *Proxy) setBuffers(c net.Conn) {
 
 // link is one proxied connection.
 type link struct {
-	client, server net.Conn
-	hold           int
+	client net.Conn
+	server net.Conn // nil while the target is dialled; guarded by mu
+	hold   int
 
 	mu     sync.Mutex
 	frozen chan struct{} // non-nil while frozen; closed by resume
 	wake   chan struct{} // closed when data is held or the link ends, for a waiting writer; replaced each time
 
-	closeOnce sync.Once
-	done      chan struct{} // closed when the link is closed
+	closeOnce  sync.Once
+	done       chan struct{} // closed when the link is closed
+	cancelDial context.CancelFunc
 }
 
 func (l *link) freeze() {
@@ -226,10 +241,31 @@ func (l *link) gate() chan struct{} {
 
 func (l *link) close() {
 	l.closeOnce.Do(func() {
+		l.mu.Lock()
 		close(l.done)
+		s := l.server
+		l.mu.Unlock()
+		l.cancelDial()
 		_ = l.client.Close()
-		_ = l.server.Close()
+		if s != nil {
+			_ = s.Close()
+		}
 	})
+}
+
+// setServer attaches the server side; it reports false, and closes s, when
+// the link has been closed meanwhile.
+func (l *link) setServer(s net.Conn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	select {
+	case <-l.done:
+		_ = s.Close()
+		return false
+	default:
+	}
+	l.server = s
+	return true
 }
 
 // pipe copies from src to dst. While the link is frozen it goes on reading

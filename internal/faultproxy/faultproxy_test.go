@@ -135,7 +135,7 @@ func TestBlackholeHeal(t *testing.T) {
 // TestBlackholeFillsBuffers: with small buffers, a writer to a frozen
 // connection blocks.
 func TestBlackholeFillsBuffers(t *testing.T) {
-	p := start(t, faultproxy.Options{BufferSize: 4096})
+	p := start(t, faultproxy.Options{BufferSize: 32 << 10})
 	c := connect(t, p)
 	roundTrip(t, c, "x")
 	p.Blackhole()
@@ -196,7 +196,7 @@ func TestClientCloseObserved(t *testing.T) {
 // TestCloseWhileFrozen: Close ends everything, also frozen connections with
 // blocked writers on both sides.
 func TestCloseWhileFrozen(t *testing.T) {
-	p, err := faultproxy.Start(echoServer(t), faultproxy.Options{BufferSize: 4096})
+	p, err := faultproxy.Start(echoServer(t), faultproxy.Options{BufferSize: 32 << 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,5 +218,33 @@ func TestCloseWhileFrozen(t *testing.T) {
 	}
 	if _, err := net.Dial("tcp", p.Addr()); err == nil {
 		t.Fatal("Dial after Close succeeded")
+	}
+}
+
+// TestSmallBuffersFlow: data keeps flowing both ways through small buffers.
+func TestSmallBuffersFlow(t *testing.T) {
+	p := start(t, faultproxy.Options{BufferSize: 32 << 10})
+	c := connect(t, p)
+	msg := bytes.Repeat([]byte("m"), 70000)
+	done := make(chan error, 1)
+	go func() {
+		for range 50 {
+			if _, err := c.Write(msg); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	_ = c.SetReadDeadline(time.Now().Add(waitTimeout))
+	got := make([]byte, 50*len(msg))
+	if _, err := io.ReadFull(c, got); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, bytes.Repeat(msg, 50)) {
+		t.Fatal("data changed on the way")
 	}
 }
