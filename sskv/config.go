@@ -21,7 +21,9 @@ import (
 
 // Defaults applied by [Dial] to zero fields of [Config].
 const (
-	DefaultKeepAlive      = 60 * time.Second
+	DefaultKeepAlive      = 5 * time.Second
+	DefaultPingTimeout    = time.Second
+	DefaultMaxPacketSize  = 16 << 20
 	DefaultSessionExpiry  = 5 * time.Minute
 	DefaultRequestTimeout = 10 * time.Second
 	DefaultReconnectMin   = 100 * time.Millisecond
@@ -49,9 +51,40 @@ type Config struct {
 	// first connection. Reconnections always resume the session.
 	CleanStart bool
 
-	// KeepAlive is the MQTT keep alive (whole seconds, at most 65535 s).
-	// Default 60 s.
+	// KeepAlive is the MQTT keep alive (whole seconds, at most 65535 s):
+	// the client pings the broker when nothing has been both sent and
+	// received for this long, and the broker drops a client it has not
+	// heard from for 1.5 times as long. Default 5 s, so that an idle dead
+	// connection is found within KeepAlive+PingTimeout (6 s), less than the
+	// leases of a few seconds that locks hold; it costs one 2-byte ping
+	// each way per KeepAlive on an idle connection. See "Dead connections"
+	// in the package documentation.
 	KeepAlive time.Duration
+
+	// PingTimeout is how long the client waits for any packet from the
+	// broker after a PINGREQ before it drops the connection as dead and
+	// reconnects. The client also pings at once when a request times out,
+	// so a dead connection under traffic is replaced about PingTimeout
+	// after the first request that timed out. At most KeepAlive.
+	// Default 1 s.
+	PingTimeout time.Duration
+
+	// MaxPacketSize is the largest MQTT packet the client accepts from the
+	// broker, in bytes, fixed header included. It is announced in CONNECT
+	// (Maximum Packet Size), so a conforming broker never sends more (it
+	// drops a larger message, e.g. a response with a huge value, and the
+	// request then times out); a packet that declares more ends the
+	// connection before anything is allocated for it ([ErrPacketTooLarge]).
+	// From 1 KiB to 268435460 (the MQTT maximum). Default 16 MiB.
+	MaxPacketSize int
+
+	// FailFast makes Dial give up after the first connection attempt that
+	// fails, whatever the reason (e.g. connection refused), instead of
+	// retrying until its context ends: for command-line tools, where a
+	// person waits. Reconnections after Dial has returned are not affected.
+	// Failures that retrying cannot cure end Dial at once anyway (see
+	// [Dial]).
+	FailFast bool
 
 	// SessionExpiry is how long the broker keeps the session after the
 	// connection drops (whole seconds). It must be positive: the session is
@@ -92,6 +125,10 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// maxMQTTPacket is the largest packet MQTT can encode: a Remaining Length
+// of 268435455 and a 5-byte fixed header.
+const maxMQTTPacket = 268435455 + 5
+
 // ErrConfig is wrapped by every error about an invalid [Config].
 var ErrConfig = errors.New("sskv: invalid config")
 
@@ -128,6 +165,19 @@ func (cfg Config) withDefaults(needAddr bool) (Config, error) {
 		return cfg, configErr("KeepAlive %v out of range", cfg.KeepAlive)
 	case cfg.KeepAlive == 0:
 		cfg.KeepAlive = DefaultKeepAlive
+	}
+	cfg.KeepAlive = (cfg.KeepAlive + time.Second - 1).Truncate(time.Second) // what CONNECT can say
+	switch {
+	case cfg.PingTimeout < 0 || cfg.PingTimeout > cfg.KeepAlive:
+		return cfg, configErr("PingTimeout %v out of range (0 to KeepAlive %v)", cfg.PingTimeout, cfg.KeepAlive)
+	case cfg.PingTimeout == 0:
+		cfg.PingTimeout = min(DefaultPingTimeout, cfg.KeepAlive)
+	}
+	switch {
+	case cfg.MaxPacketSize == 0:
+		cfg.MaxPacketSize = DefaultMaxPacketSize
+	case cfg.MaxPacketSize < 1024 || cfg.MaxPacketSize > maxMQTTPacket:
+		return cfg, configErr("MaxPacketSize %d out of range (1024 to %d)", cfg.MaxPacketSize, maxMQTTPacket)
 	}
 	switch {
 	case cfg.SessionExpiry < 0 || cfg.SessionExpiry > math.MaxUint32*time.Second:

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"os"
 	"strings"
@@ -25,6 +26,10 @@ import (
 // satMethod is the MQTT v5 enhanced authentication method of Azure IoT
 // Operations for Kubernetes service account tokens.
 const satMethod = "K8S-SAT"
+
+// closeGrace bounds how long Close waits for DISCONNECT to be written
+// before it closes the socket.
+const closeGrace = 250 * time.Millisecond
 
 // publishTimeout is paho's own bound on a PUBLISH, SUBSCRIBE or UNSUBSCRIBE.
 // Our contexts always carry the real deadline; paho's default (10 s) would
@@ -55,7 +60,10 @@ type Client struct {
 	state     atomic.Pointer[connState]
 	stMu      sync.Mutex
 	stChanged chan struct{}
-	lastErr   atomic.Pointer[errBox]                  // last connection error, for Dial's error
+	lastErr   atomic.Pointer[errBox]                  // last failed connection attempt, for Dial's error
+	downErr   atomic.Pointer[errBox]                  // why the last connection ended
+	conn      atomic.Pointer[mqttConn]                // the socket of the current connection attempt or connection
+	pinger    *pinger                                 // nil for NewFromConnection
 	dialing   atomic.Pointer[context.CancelCauseFunc] // set while Dial waits: ends it on a permanent error
 
 	pmu     sync.Mutex
@@ -136,14 +144,16 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 	if cfg.TLS != nil {
 		scheme = "mqtts"
 	}
+	c.pinger = newPinger(cfg.PingTimeout)
 	acfg := autopaho.ClientConfig{
 		ServerUrls:                    []*url.URL{{Scheme: scheme, Host: cfg.Addr}},
 		TlsCfg:                        cfg.TLS,
-		KeepAlive:                     uint16((cfg.KeepAlive + time.Second - 1) / time.Second),
+		AttemptConnection:             c.attemptConnection,
+		KeepAlive:                     uint16(cfg.KeepAlive / time.Second),
 		CleanStartOnInitialConnection: cfg.CleanStart,
 		SessionExpiryInterval:         uint32((cfg.SessionExpiry + time.Second - 1) / time.Second),
 		ReconnectBackoff:              reconnectBackoff(cfg.ReconnectMin, cfg.ReconnectMax),
-		ConnectTimeout:                cfg.RequestTimeout,
+		ConnectTimeout:                c.connectTimeout(),
 		ConnectPacketBuilder:          c.buildConnect,
 		// Close means the client is done: end its session rather than leave
 		// the broker holding it for SessionExpiry.
@@ -159,9 +169,9 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 			return !c.closed.Load()
 		},
 		OnConnectError: func(err error) {
-			err = connectError(err)
+			err = c.connectError(err)
 			c.lastErr.Store(&errBox{err})
-			if stop := c.dialing.Load(); stop != nil && permanent(err) {
+			if stop := c.dialing.Load(); stop != nil && (cfg.FailFast || permanent(err)) {
 				(*stop)(err)
 			}
 			c.log.Debug("connection attempt failed", "error", err)
@@ -171,10 +181,17 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 			OnPublishReceived: []func(paho.PublishReceived) (bool, error){c.HandlePublish},
 			PacketTimeout:     publishTimeout,
 			AuthHandler:       satAuth{c: c},
+			PingHandler:       c.pinger,
 			OnClientError: func(err error) {
+				c.downErr.Store(&errBox{err})
 				c.log.Debug("connection error", "error", err)
 			},
 			OnServerDisconnect: func(d *paho.Disconnect) {
+				err := fmt.Errorf("disconnected by the broker: reason 0x%02x", d.ReasonCode)
+				if d.Properties != nil && d.Properties.ReasonString != "" {
+					err = fmt.Errorf("%w: %s", err, d.Properties.ReasonString)
+				}
+				c.downErr.Store(&errBox{err})
 				c.log.Info("disconnected by the broker", "reason", d.ReasonCode)
 			},
 		},
@@ -192,28 +209,33 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 	c.dialing.Store(nil)
 	if err != nil {
 		_ = c.Close()
-		if cause := context.Cause(dctx); cause != nil && ctx.Err() == nil && permanent(cause) {
-			err = cause // a permanent failure, not ctx's end
+		if cause := context.Cause(dctx); cause != nil && ctx.Err() == nil && (cfg.FailFast || permanent(cause)) {
+			err = cause // the attempt's failure, not ctx's end
 		}
-		return nil, fmt.Errorf("sskv: dial %s: %w", cfg.Addr, err)
+		return nil, &opError{op: "dial " + cfg.Addr, err: err}
 	}
 	return c, nil
 }
 
-// connectError rewords autopaho's report of a refused CONNECT.
-func connectError(err error) error {
+// connectError rewords autopaho's report of a failed connection attempt: a
+// refused CONNECT becomes a *ConnectError, and a CONNECT answered with a
+// CONNACK that paho could not decode an error wrapping ErrNotMQTT.
+func (c *Client) connectError(err error) error {
 	var ce *autopaho.ConnackError
-	if errors.As(err, &ce) {
-		msg := fmt.Sprintf("broker refused the connection: reason 0x%02x", ce.ReasonCode)
-		if name := connackReasons[ce.ReasonCode]; name != "" {
-			msg += " (" + name + ")"
+	if !errors.As(err, &ce) {
+		if mc := c.conn.Load(); mc != nil && mc.connack.Load() && !errors.Is(err, ErrNotMQTT) && !errors.Is(err, ErrPacketTooLarge) {
+			return fmt.Errorf("%w: malformed CONNACK: %w", ErrNotMQTT, err)
 		}
-		if ce.Reason != "" {
-			msg += ": " + ce.Reason
-		}
-		return &ConnectError{ReasonCode: ce.ReasonCode, msg: msg, err: err}
+		return err
 	}
-	return err
+	msg := fmt.Sprintf("broker refused the connection: reason 0x%02x", ce.ReasonCode)
+	if name := connackReasons[ce.ReasonCode]; name != "" {
+		msg += " (" + name + ")"
+	}
+	if ce.Reason != "" {
+		msg += ": " + ce.Reason
+	}
+	return &ConnectError{ReasonCode: ce.ReasonCode, msg: msg, err: err}
 }
 
 // ConnectError is a connection the broker refused in its CONNACK.
@@ -238,9 +260,22 @@ var connackReasons = map[byte]string{
 // permanent reports whether a failed connection attempt will fail the same
 // way when retried: the broker refused the client's identity or credentials,
 // the server's certificate is not trusted, or a credentials file cannot be
-// read. Dial gives up at once on these; a client that was connected keeps
+// read, the server is not an MQTT v5 broker (its answer to CONNECT is no
+// CONNACK, or a malformed or oversized one), TLS meets a server that does not
+// speak it, or the host name does not exist. Dial gives up at once on these; a client that was connected keeps
 // retrying (a rotated secret or a fixed file may cure them).
 func permanent(err error) bool {
+	if errors.Is(err, ErrNotMQTT) || errors.Is(err, ErrPacketTooLarge) {
+		return true
+	}
+	var rh tls.RecordHeaderError
+	if errors.As(err, &rh) {
+		return true // TLS to a server that does not speak it
+	}
+	var dnsErr *net.DNSError
+	if errors.As(err, &dnsErr) && dnsErr.IsNotFound {
+		return true
+	}
 	var ce *ConnectError
 	if errors.As(err, &ce) {
 		switch ce.ReasonCode {
@@ -323,13 +358,25 @@ func NewFromConnection(ctx context.Context, cm *autopaho.ConnectionManager, clie
 	return c, nil
 }
 
-// awaitFirst waits until the first connection is ready.
+// awaitFirst waits until the first connection is ready. When ctx ends
+// first, the error says how far the connection got: the last failed
+// attempt's error, or, when no attempt has failed yet (one is still waiting
+// for the broker), what the attempt waits for.
 func (c *Client) awaitFirst(ctx context.Context) error {
 	_, err := c.waitReady(ctx, 0)
-	if err != nil && ctx.Err() != nil {
-		if b := c.lastErr.Load(); b != nil {
-			return fmt.Errorf("%w (last connection error: %v)", err, b.err)
-		}
+	if err == nil || ctx.Err() == nil {
+		return err
+	}
+	if b := c.lastErr.Load(); b != nil {
+		return fmt.Errorf("%w (last connection error: %v)", err, b.err)
+	}
+	switch mc := c.conn.Load(); {
+	case c.state.Load().gen > 0:
+		return fmt.Errorf("%w (connected; subscribing to the response topic)", err)
+	case mc != nil:
+		return fmt.Errorf("%w (connected to %s, no CONNACK yet)", err, mc.RemoteAddr())
+	case c.ownsCM:
+		return fmt.Errorf("%w (no connection yet)", err)
 	}
 	return err
 }
@@ -353,11 +400,19 @@ func (c *Client) Close() error {
 		c.failPending(func(*pending) bool { return true }, ErrClosed)
 		c.closeWatches()
 		if c.ownsCM {
-			ctx, cancel := context.WithTimeout(context.Background(), c.cfg.RequestTimeout)
-			if err := c.cm.Disconnect(ctx); err != nil {
-				c.log.Debug("disconnect", "error", err)
-			}
+			// autopaho sends DISCONNECT and closes the socket; a write to a
+			// stalled socket would hold it until the write deadline, so
+			// the socket is closed under it after a short grace.
+			ctx, cancel := context.WithTimeout(context.Background(), closeGrace)
+			err := c.cm.Disconnect(ctx)
 			cancel()
+			if err != nil {
+				if mc := c.conn.Load(); mc != nil {
+					mc.abort()
+				}
+				<-c.cm.Done()
+				c.log.Debug("disconnect: socket closed without DISCONNECT", "error", err)
+			}
 		}
 		c.wg.Wait()
 	})
@@ -551,6 +606,10 @@ func (c *Client) HandlePublish(pr paho.PublishReceived) (bool, error) {
 func (c *Client) buildConnect(cp *paho.Connect, _ *url.URL) (*paho.Connect, error) {
 	if cp.Properties == nil {
 		cp.Properties = &paho.ConnectProperties{}
+	}
+	if c.cfg.MaxPacketSize > 0 {
+		v := uint32(c.cfg.MaxPacketSize)
+		cp.Properties.MaximumPacketSize = &v
 	}
 	if cp.Properties.SessionExpiryInterval == nil {
 		v := uint32((c.cfg.SessionExpiry + time.Second - 1) / time.Second)

@@ -2,6 +2,8 @@ package sskv
 
 import (
 	"errors"
+	"strconv"
+	"strings"
 
 	"github.com/dsslock/dsslock/sskv/internal/wire"
 )
@@ -101,3 +103,44 @@ var sentinels = map[string]error{
 }
 
 func sentinelFor(msg string) error { return sentinels[msg] }
+
+// opError is the error of one operation of the client: it names the
+// operation (and the key) once, with a single "sskv: " prefix, whatever the
+// wrapped error says. errors.Is and errors.As see the wrapped error.
+type opError struct {
+	op     string // "GET", "SET", "watch", "dial host:port", ...
+	key    string
+	hasKey bool
+	err    error
+}
+
+func (e *opError) Error() string {
+	var b strings.Builder
+	b.WriteString("sskv: ")
+	b.WriteString(e.op)
+	if e.hasKey {
+		b.WriteByte(' ')
+		b.WriteString(strconv.Quote(e.key))
+	}
+	b.WriteString(": ")
+	msg := e.err.Error()
+	for strings.HasPrefix(msg, "sskv: ") {
+		msg = msg[len("sskv: "):]
+	}
+	b.WriteString(msg)
+	return b.String()
+}
+
+func (e *opError) Unwrap() error { return e.err }
+
+// keyErr wraps err, unless nil, as the error of operation op on key.
+func keyErr(op, key string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var oe *opError
+	if errors.As(err, &oe) && oe.op == op && oe.hasKey && oe.key == key {
+		return err
+	}
+	return &opError{op: op, key: key, hasKey: true, err: err}
+}

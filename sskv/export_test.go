@@ -2,6 +2,7 @@ package sskv
 
 import (
 	"context"
+	"net"
 	"time"
 
 	"github.com/eclipse/paho.golang/paho"
@@ -63,3 +64,23 @@ func ConfigFromLookupForTest(env map[string]string) (Config, error) {
 
 // ClockForTest returns the client's clock.
 func ClockForTest(c *Client) *hlc.Clock { return c.clock }
+
+// SocketForTest returns the TCP socket of c's current connection (or last
+// connection attempt), or nil.
+func SocketForTest(c *Client) net.Conn {
+	if mc := c.conn.Load(); mc != nil {
+		return mc.raw
+	}
+	return nil
+}
+
+// WriteBlockedForTest reports how long the write in progress on c's
+// connection has been blocked (0 when none is).
+func WriteBlockedForTest(c *Client) time.Duration {
+	if mc := c.conn.Load(); mc != nil {
+		if t := mc.flushStart.Load(); t != 0 {
+			return time.Since(time.Unix(0, t))
+		}
+	}
+	return 0
+}

@@ -100,14 +100,20 @@ func (c *Client) Get(ctx context.Context, key string) (GetResult, error) {
 	payload := command(nil, "GET", key)
 	r, err := c.do(ctx, verbGet, payload, hlc.Timestamp{}, false)
 	if err != nil {
-		return GetResult{}, err
+		return GetResult{}, keyErr("GET", key, err)
 	}
-	return getResult(r)
+	g, err := getResult(r)
+	return g, keyErr("GET", key, err)
 }
 
 // Set sets key to value under the given options. A SET whose Condition is not
 // met is not an error: Applied is false.
 func (c *Client) Set(ctx context.Context, key string, value []byte, opts SetOptions) (SetResult, error) {
+	r, err := c.set(ctx, key, value, opts)
+	return r, keyErr("SET", key, err)
+}
+
+func (c *Client) set(ctx context.Context, key string, value []byte, opts SetOptions) (SetResult, error) {
 	var cond string
 	switch opts.Condition {
 	case Always:
@@ -161,18 +167,24 @@ func (c *Client) Set(ctx context.Context, key string, value []byte, opts SetOpti
 // Del deletes key. Deleting a missing key is not an error: Deleted is false.
 func (c *Client) Del(ctx context.Context, key string, opts DelOptions) (DelResult, error) {
 	if err := checkToken(opts.FencingToken); err != nil {
-		return DelResult{}, err
+		return DelResult{}, keyErr("DEL", key, err)
 	}
 	r, err := c.do(ctx, verbDel, command(nil, "DEL", key), opts.FencingToken, false)
 	if err != nil {
-		return DelResult{}, err
+		return DelResult{}, keyErr("DEL", key, err)
 	}
-	return delResult(verbDel, r)
+	d, err := delResult(verbDel, r)
+	return d, keyErr("DEL", key, err)
 }
 
 // VDel deletes key only if it holds value. When it holds another value the
 // key stays and Mismatch is true; neither case is an error.
 func (c *Client) VDel(ctx context.Context, key string, value []byte, opts DelOptions) (DelResult, error) {
+	d, err := c.vdel(ctx, key, value, opts)
+	return d, keyErr("VDEL", key, err)
+}
+
+func (c *Client) vdel(ctx context.Context, key string, value []byte, opts DelOptions) (DelResult, error) {
 	if err := checkToken(opts.FencingToken); err != nil {
 		return DelResult{}, err
 	}
@@ -351,12 +363,9 @@ func (c *Client) doRequest(ctx context.Context, v verb, payload []byte, props fu
 
 	res, err := c.exchange(ctx, p, corr, pub, &expiry)
 	if err != nil {
-		return reply{}, fmt.Errorf("sskv: %s: %w", v, err)
+		return reply{}, err
 	}
 	if res.err != nil {
-		if errors.Is(res.err, ErrConnectionLost) || errors.Is(res.err, ErrClosed) {
-			return reply{}, fmt.Errorf("sskv: %s: %w", v, res.err)
-		}
 		return reply{}, res.err
 	}
 	var props2 paho.UserProperties
@@ -377,7 +386,10 @@ func (c *Client) doRequest(ctx context.Context, v verb, payload []byte, props fu
 }
 
 // exchange publishes pub and waits for its response. It retries the PUBLISH
-// only while it is certain that the broker never got it.
+// only while it is certain that the broker never got it. It returns by ctx's
+// deadline whatever the socket does: paho's Publish writes to the socket
+// without looking at ctx, so it runs on its own goroutine, which ends when
+// the write does (writes have a deadline, and a dead connection is closed).
 func (c *Client) exchange(ctx context.Context, p *pending, corr [16]byte, pub *paho.Publish, expiry *uint32) (result, error) {
 	var lastGen uint64
 	for {
@@ -386,11 +398,29 @@ func (c *Client) exchange(ctx context.Context, p *pending, corr [16]byte, pub *p
 			if !c.unregister(corr) {
 				return <-p.ch, nil
 			}
+			if ctx.Err() != nil {
+				err = c.ctxError(ctx, p)
+			}
 			return result{}, err
 		}
 		p.gen.Store(st.gen)
 		*expiry = expirySeconds(ctx)
-		pr, err := c.cm.Publish(ctx, pub)
+		done := make(chan pubResult, 1)
+		if !c.spawn(func() {
+			pr, err := c.cm.Publish(ctx, pub)
+			done <- pubResult{pr, err}
+		}) {
+			done <- pubResult{err: ErrClosed}
+		}
+		var pr *paho.PublishResponse
+		select {
+		case r := <-done:
+			pr, err = r.pr, r.err
+		case res := <-p.ch: // answered before paho reported the PUBACK
+			return res, nil
+		case <-ctx.Done():
+			return c.abandon(ctx, p, corr)
+		}
 		if err == nil {
 			break
 		}
@@ -411,7 +441,7 @@ func (c *Client) exchange(ctx context.Context, p *pending, corr [16]byte, pub *p
 		case c.closed.Load():
 			return result{}, ErrClosed
 		case ctx.Err() != nil:
-			return result{}, ctx.Err()
+			return result{}, c.ctxError(ctx, p)
 		case notSent(err), errors.Is(err, paho.ErrInvalidArguments):
 			return result{}, err
 		case pr != nil && pr.ReasonCode >= 0x80:
@@ -423,14 +453,55 @@ func (c *Client) exchange(ctx context.Context, p *pending, corr [16]byte, pub *p
 	case res := <-p.ch:
 		return res, nil
 	case <-ctx.Done():
-		if !c.unregister(corr) {
-			return <-p.ch, nil
-		}
-		if c.closed.Load() {
-			return result{}, ErrClosed
-		}
-		return result{}, ctx.Err()
+		return c.abandon(ctx, p, corr)
 	}
+}
+
+type pubResult struct {
+	pr  *paho.PublishResponse
+	err error
+}
+
+// abandon ends a request whose ctx ended before its response came. A
+// request that timed out on a connection that still looks up makes the
+// pinger probe the connection at once, so that a dead one is replaced in a
+// ping's time rather than a keep-alive's.
+func (c *Client) abandon(ctx context.Context, p *pending, corr [16]byte) (result, error) {
+	if !c.unregister(corr) {
+		return <-p.ch, nil
+	}
+	if c.closed.Load() {
+		return result{}, ErrClosed
+	}
+	if c.pinger != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		if st := c.state.Load(); st.ready && st.gen == p.gen.Load() {
+			c.pinger.probe()
+		}
+	}
+	return result{}, c.ctxError(ctx, p)
+}
+
+// ctxError is ctx's error, with what the connection did meanwhile when that
+// explains the timeout: the connection the request was handed to was lost,
+// or there has been no connection to hand it to.
+func (c *Client) ctxError(ctx context.Context, p *pending) error {
+	err := ctx.Err()
+	gen := p.gen.Load()
+	st := c.state.Load()
+	var cause string
+	if b := c.downErr.Load(); b != nil {
+		cause = ": " + b.err.Error()
+	}
+	switch {
+	case gen != 0 && (st.gen != gen || !st.ready):
+		return fmt.Errorf("%w (the connection was lost while the request was in flight%s; its outcome is unknown)", err, cause)
+	case gen == 0 && !st.ready:
+		if b := c.lastErr.Load(); b != nil && st.gen > 0 {
+			cause = "; last connection attempt: " + b.err.Error()
+		}
+		return fmt.Errorf("%w (not connected%s; the request was not sent)", err, cause)
+	}
+	return err
 }
 
 // notSent reports whether a Publish error means paho never took the message:

@@ -137,11 +137,11 @@ func (reg *registration) beginResync() {
 func (c *Client) Watch(ctx context.Context, key string) (*Watcher, error) {
 	w, reg, err := c.attach(ctx, key)
 	if err != nil {
-		return nil, fmt.Errorf("sskv: watch: %w", err)
+		return nil, keyErr("watch", key, err)
 	}
 	if err := c.awaitSynced(ctx, reg); err != nil {
 		w.end(err, true)
-		return nil, fmt.Errorf("sskv: watch: %w", err)
+		return nil, keyErr("watch", key, err)
 	}
 	c.wmu.Lock()
 	if !w.ended {
@@ -150,7 +150,7 @@ func (c *Client) Watch(ctx context.Context, key string) (*Watcher, error) {
 	err = w.err
 	c.wmu.Unlock()
 	if err != nil {
-		return nil, fmt.Errorf("sskv: watch: %w", err)
+		return nil, keyErr("watch", key, err)
 	}
 	return w, nil
 }
