@@ -183,7 +183,7 @@ func (s *Server) execute(cl clientRef, req *request) result {
 	// The request is valid: it is an event for the store's clock.
 	now, err := s.tick(req.hasTS, ts)
 	if err != nil {
-		return errResult(wire.MsgTimestampSkew)
+		return s.clockError(err)
 	}
 
 	switch verb {
@@ -217,6 +217,20 @@ func (s *Server) tick(hasTS bool, ts hlc.Timestamp) (hlc.Timestamp, error) {
 		return s.clock.Update(ts)
 	}
 	return s.clock.Now(), nil
+}
+
+// clockError reports a failed clock update. The request's own __ts passed
+// CheckDrift above, so the update fails only when the store's clock is itself
+// more than MaxDrift ahead of its wall clock, after the wall clock stepped
+// back: that is the store's problem, not the request's, and the message says
+// so. (A __ts right at the drift limit whose counter overflows moves the
+// wall 1 ms further and fails too; then the request is to blame.)
+func (s *Server) clockError(err error) result {
+	if s.clock.CheckDrift(s.clock.Peek()) == nil {
+		return errResult(wire.MsgTimestampSkew)
+	}
+	s.log.Warn("refused request: the store's clock is ahead of its wall clock", "error", err)
+	return errResult(MsgClockAhead)
 }
 
 // fenceCheck applies the fencing rules of a fenced key to a write.

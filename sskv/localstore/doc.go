@@ -21,13 +21,62 @@
 //     whether or not it subscribed to its notification topic, with __ts.
 //     Watches end when the client's connection ends.
 //
-// Requests the protocol forbids are never executed: one without a response
-// topic is dropped (and logged); one at QoS 0 or without correlation data is
-// answered with an -ERR; a client naming a forbidden response topic (the
-// invoke topic, or one under clients/statestore/v1/<service id>) is
-// disconnected. Everything else is an ordinary MQTT broker: clients publish and
-// subscribe to each other as usual. Only the store publishes notification
-// topics, and a client may read only its own.
+// Requests the protocol forbids, or whose response could not be delivered,
+// are never executed: one without a response topic is dropped (and logged);
+// one whose response topic is not a topic name one can publish to (it has a
+// wildcard + or #, or starts with $SYS) gets a PUBACK with reason 0x90, topic
+// name invalid; one at QoS 0 or without correlation data is answered with an
+// -ERR; a client naming a forbidden response topic (the invoke topic, or one
+// under clients/statestore/v1/<service id>) is disconnected. Everything else
+// is an ordinary MQTT broker: clients publish and subscribe to each other as
+// usual. Only the store publishes notification topics, and a client may read
+// only its own.
+//
+// # The store's own error messages
+//
+// Every -ERR text is the service's (see wire-notes.md), except these three,
+// for cases the service documents no text for; they are this package's
+// (MsgNotQoS1, MsgNoCorrelation, MsgClockAhead):
+//
+//   - "requests must be published with QoS 1": a request at QoS 0.
+//   - "requests must carry correlation data": a request without it.
+//   - "the state store's clock is more than the maximum drift ahead of its
+//     system clock, which has stepped back; retry once the system clock has
+//     caught up": the store's wall clock stepped back by more than MaxDrift
+//     after the store issued versions (a request stamped ahead of the store
+//     is refused with the service's "the request timestamp is too far in the
+//     future").
+//
+// # Slow clients and other limits
+//
+// The store never does network I/O, or waits on a client, while it holds its
+// state lock, so no client can stop it. What it sends a client is bounded:
+//
+//   - Notifications wait, in version order, in a queue per connection, which
+//     one goroutine per connection hands to the broker.
+//   - At most Config.MaxPendingMessages (default 8192) messages are held for
+//     a connection: QoS 1 messages sent and not yet acknowledged, plus queued
+//     notifications. A client that reaches the limit is disconnected with
+//     DISCONNECT 0x97 (quota exceeded), logged at Warn with the counts, as
+//     Redis disconnects a slow pub/sub subscriber; a request it sends while
+//     at the limit is not executed (its PUBACK says 0x97). It is never left
+//     connected with messages silently dropped: a client that reconnects and
+//     re-registers its watches (as sskv does) is up to date again. The
+//     broker's own queue of pending writes has the same size; should it
+//     drop a message anyway, the client is disconnected the same way.
+//   - Every write to a client's socket must complete within
+//     Config.WriteTimeout (default 5 s); a client that does not read for
+//     that long is disconnected, its connection closed.
+//   - A packet larger than Config.MaxPacketSize (default 4 MiB, announced in
+//     CONNACK) ends the connection; its declared length is checked before
+//     anything is allocated for it, CONNECT included.
+//   - A client with more than 1024 (the broker's Receive Maximum) QoS 2
+//     messages unacknowledged to the store is disconnected with 0x93. QoS 1
+//     requests are acknowledged as they are executed, in order, so they
+//     never count against it.
+//
+// The broker's log never carries payloads: packets in its records are
+// replaced by their type and sizes.
 //
 // Limits, authentication (username/password, Kubernetes SAT tokens), a TLS
 // listener and a per-user key-prefix ACL are set in Config.
@@ -46,10 +95,7 @@
 // What it does not do: keep data beyond Close (aio-persistence is accepted and
 // ignored), clustering, or MQTT features beyond what mochi-mqtt provides. It
 // does not hold messages back when a client's Receive Maximum is reached
-// (mochi's flow control can deadlock, see hook.go); at most 8192 QoS 1
-// messages are in flight to one client, and clients with the usual Receive
-// Maximum of 65535 never notice. A client that does not read its messages
-// fast enough eventually has messages dropped by the broker once its
-// pending-write queue (8192 messages) is full, as any slow MQTT subscriber
-// would.
+// (mochi's flow control can deadlock, see hook.go): up to
+// Config.MaxPendingMessages QoS 1 messages are in flight to a client, and
+// clients with the usual Receive Maximum of 65535 never notice.
 package localstore

@@ -27,7 +27,7 @@ func (h *hook) ID() string { return "dsslock-statestore" }
 func (h *hook) Provides(b byte) bool {
 	switch b {
 	case mqtt.OnConnectAuthenticate, mqtt.OnACLCheck, mqtt.OnSessionEstablish, mqtt.OnSessionEstablished,
-		mqtt.OnDisconnect, mqtt.OnPublish, mqtt.OnPacketEncode:
+		mqtt.OnDisconnect, mqtt.OnPublish, mqtt.OnPacketEncode, mqtt.OnPublishDropped, mqtt.OnQosPublish:
 		return true
 	}
 	return false
@@ -68,6 +68,10 @@ func (h *hook) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) bool {
 //     strips them from every packet, which would remove __stat and __ts.
 //   - A successful CONNACK to a client that used enhanced authentication
 //     carries the authentication method, as MQTT v5 requires [MQTT-4.12.0-5].
+//   - A successful CONNACK announces Config.MaxPacketSize, so that a client
+//     refuses a packet the store would not take instead of being cut off
+//     for sending it (mochi enforces Capabilities.MaximumPacketSize but
+//     does not announce it).
 func (h *hook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
 	if pk.FixedHeader.Type == packets.Publish {
 		pk.Mods.DisallowProblemInfo = false
@@ -75,6 +79,9 @@ func (h *hook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet
 	if pk.FixedHeader.Type == packets.Connack && pk.ReasonCode == packets.CodeSuccess.Code &&
 		cl.Properties.Props.AuthenticationMethod != "" {
 		pk.Properties.AuthenticationMethod = cl.Properties.Props.AuthenticationMethod
+	}
+	if pk.FixedHeader.Type == packets.Connack && pk.ReasonCode == packets.CodeSuccess.Code {
+		pk.Properties.MaximumPacketSize = uint32(h.s.cfg.MaxPacketSize)
 	}
 	return pk
 }
@@ -107,8 +114,8 @@ func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 // the store's lock held) froze both, and then the whole store. With a send
 // quota of zero and a maximum of zero that code never runs and no message is
 // ever held back. Cost: the store does not enforce a client's Receive Maximum
-// (at most Capabilities.MaximumInflight, 8192, QoS 1 messages are in flight
-// to a client); clients with the usual 65535 never notice.
+// (at most Config.MaxPendingMessages, 8192 by default, QoS 1 messages are in
+// flight to a client); clients with the usual 65535 never notice.
 //
 // It runs before the session is set up and again before the client's packets
 // are read, since taking over a session resets the quota; a message the
@@ -152,6 +159,31 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	if cl.Net.Inline || pk.TopicName != wire.InvokeTopic {
 		return pk, nil
 	}
-	h.s.handleRequest(cl, pk)
+	if err := h.s.handleRequest(cl, pk); err != nil {
+		return pk, err // the broker answers with a PUBACK carrying this reason
+	}
 	return pk, packets.CodeSuccessIgnore
+}
+
+// OnPublishDropped runs when the broker drops a message to cl because cl's
+// queue of pending writes is full (mochi only logs it otherwise): cl is
+// disconnected rather than left connected with a message lost.
+func (h *hook) OnPublishDropped(cl *mqtt.Client, pk packets.Packet) {
+	if rec := h.s.recOf(cl); rec != nil {
+		h.s.slowClient(rec, "the broker's queue of pending writes is full",
+			"pending_writes_limit", h.s.cfg.MaxPendingMessages, "unacknowledged", cl.State.Inflight.Len(),
+			"dropped_payload_bytes", len(pk.Payload))
+	}
+}
+
+// OnQosPublish runs each time the broker adds a QoS 1 or 2 message to cl's
+// in-flight store. A client that reaches MaxPendingMessages unacknowledged
+// messages is disconnected before the broker would silently drop messages
+// to it ("client store quota reached", at Capabilities.MaximumInflight).
+func (h *hook) OnQosPublish(cl *mqtt.Client, pk packets.Packet, sent int64, resends int) {
+	if inflight := cl.State.Inflight.Len(); inflight > h.s.cfg.MaxPendingMessages {
+		if rec := h.s.recOf(cl); rec != nil {
+			h.s.slowClient(rec, "too many unacknowledged messages", "unacknowledged", inflight, "limit", h.s.cfg.MaxPendingMessages)
+		}
+	}
 }

@@ -2,10 +2,13 @@ package localstore
 
 import (
 	"crypto/tls"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
@@ -25,7 +28,7 @@ type listener struct {
 	id    string
 	ln    net.Listener
 	mu    sync.Mutex
-	conns map[net.Conn]struct{}
+	conns map[*deadlineConn]struct{}
 	done  bool
 	wg    sync.WaitGroup // the accept loop and one per connection
 	serve chan struct{}  // closed when Serve returns
@@ -39,7 +42,7 @@ func listen(s *Server, id, addr string, cfg *tls.Config) (*listener, error) {
 	if cfg != nil {
 		ln = tls.NewListener(ln, cfg)
 	}
-	return &listener{s: s, id: id, ln: ln, conns: make(map[net.Conn]struct{}), serve: make(chan struct{})}, nil
+	return &listener{s: s, id: id, ln: ln, conns: make(map[*deadlineConn]struct{}), serve: make(chan struct{})}, nil
 }
 
 func (l *listener) ID() string              { return l.id }
@@ -61,20 +64,26 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 			_ = conn.Close()
 			return
 		}
-		l.conns[conn] = struct{}{}
+		dc := &deadlineConn{Conn: conn, s: l.s}
+		l.conns[dc] = struct{}{}
 		l.wg.Add(1)
 		l.mu.Unlock()
-		_ = conn.SetDeadline(time.Now().Add(connectTimeout))
+		_ = dc.SetDeadline(time.Now().Add(connectTimeout))
 		go func() {
 			defer l.wg.Done()
-			err := establish(l.id, conn)
-			_ = conn.Close()
+			err := establish(l.id, dc)
+			_ = dc.Close()
+			l.s.connectionDone(dc)
+			dc.linger(lingerTimeout)
 			l.mu.Lock()
-			delete(l.conns, conn)
+			delete(l.conns, dc)
 			l.mu.Unlock()
-			l.s.connectionDone(conn)
-			if err != nil {
-				l.s.log.Debug("connection ended", "remote", conn.RemoteAddr().String(), "error", err)
+			switch {
+			case errors.Is(err, packets.ErrPacketTooLarge):
+				l.s.log.Warn("closed connection: packet larger than the maximum packet size",
+					"remote", dc.RemoteAddr().String(), "max_packet_size", l.s.cfg.MaxPacketSize)
+			case err != nil:
+				l.s.log.Debug("connection ended", "remote", dc.RemoteAddr().String(), "error", err)
 			}
 		}()
 	}
@@ -115,18 +124,115 @@ func (l *listener) Close(listeners.CloseFn) {
 	timer.Stop()
 	l.mu.Lock()
 	for c := range l.conns {
-		_ = c.Close()
+		c.closeNow()
 	}
 	l.mu.Unlock()
 	<-disconnected
 	l.wg.Wait()
 }
 
+// deadlineConn bounds every write to a client's socket by
+// Config.WriteTimeout. mochi sets no write deadline of its own (only the
+// keep-alive deadline, 1.5 x the keep-alive from the last packet read, and
+// none at all for keep-alive 0), and it writes while holding the client's
+// lock, which every publish to the client needs: without this a client that
+// stops reading blocks every publish to it for as long as it stays
+// connected. A write that does not complete in time may have left part of a
+// packet on the wire, so the connection is closed: the client is gone, and
+// the broker's read of the connection ends as for any dropped client.
+type deadlineConn struct {
+	net.Conn
+	s       *Server
+	limit   atomic.Int64 // a write deadline set from outside (Close), unix ns; 0: none
+	broken  atomic.Bool
+	closing sync.Once
+}
+
+var errWriteTimedOut = errors.New("localstore: an earlier write timed out; connection closed")
+
+func (c *deadlineConn) Write(b []byte) (int, error) {
+	if c.broken.Load() {
+		return 0, errWriteTimedOut
+	}
+	d := time.Now().Add(c.s.cfg.WriteTimeout)
+	if l := c.limit.Load(); l != 0 && l < d.UnixNano() {
+		d = time.Unix(0, l)
+	}
+	_ = c.Conn.SetWriteDeadline(d)
+	n, err := c.Conn.Write(b)
+	if err != nil && !c.broken.Swap(true) {
+		if ne, ok := err.(net.Error); ok && ne.Timeout() {
+			c.s.log.Warn("closed connection: client not reading, a write did not complete in time",
+				"remote", c.RemoteAddr().String(), "write_timeout", c.s.cfg.WriteTimeout, "bytes", len(b), "written", n)
+		}
+		_ = c.Close()
+	}
+	return n, err
+}
+
+// lingerTimeout bounds how long a closed connection is read (and discarded)
+// so that the client gets what was sent before the close; see Close.
+const lingerTimeout = 2 * time.Second
+
+// Close is what the broker calls to end a connection (Client.Stop). It does
+// not close the socket at once: a socket closed while the client's unread
+// requests sit in its receive buffer sends a TCP RST, and the client's
+// kernel then discards whatever the client had not read yet, the
+// DISCONNECT with its reason code and the last responses included. Close
+// instead sends FIN after everything written, and wakes the broker's read of
+// the connection (which a plain close used to do); linger, once the broker
+// has finished with the connection, reads until the client closes its side
+// (or lingerTimeout) and then closes the socket.
+func (c *deadlineConn) Close() error {
+	c.closing.Do(func() {
+		tcp, _ := c.Conn.(*net.TCPConn)
+		if tc, ok := c.Conn.(*tls.Conn); ok {
+			tcp, _ = tc.NetConn().(*net.TCPConn)
+		}
+		if tcp == nil || tcp.CloseWrite() != nil {
+			_ = c.Conn.Close()
+			return
+		}
+		_ = c.Conn.SetReadDeadline(time.Now())
+	})
+	return nil
+}
+
+// linger discards what the client still sends for at most d, until it
+// closes its side, then closes the socket. closeNow cuts it short.
+func (c *deadlineConn) linger(d time.Duration) {
+	_ = c.Conn.SetReadDeadline(time.Now().Add(d))
+	_, _ = io.Copy(io.Discard, io.LimitReader(c.Conn, 64<<20))
+	_ = c.Conn.Close()
+}
+
+// closeNow closes the socket at once.
+func (c *deadlineConn) closeNow() {
+	c.closing.Do(func() {})
+	_ = c.Conn.Close()
+}
+
+// SetDeadline sets the read deadline only: mochi calls it with its keep-alive
+// deadline, which must not lengthen the bound on writes.
+func (c *deadlineConn) SetDeadline(t time.Time) error { return c.Conn.SetReadDeadline(t) }
+
+// SetWriteDeadline sets an absolute limit that every later write also obeys.
+func (c *deadlineConn) SetWriteDeadline(t time.Time) error {
+	if t.IsZero() {
+		c.limit.Store(0)
+	} else {
+		c.limit.Store(t.UnixNano())
+	}
+	return nil
+}
+
 // connRec is an authenticated connection of a client id.
 type connRec struct {
-	id   string
-	cl   *mqtt.Client
-	done chan struct{} // closed when the broker has finished with the connection
+	id     string
+	cl     *mqtt.Client
+	done   chan struct{} // closed when the broker has finished with the connection
+	out    outbox        // notifications waiting to be published
+	doomed atomic.Bool   // being disconnected for not keeping up (slowClient)
 }
 
 // takeOverTimeout bounds how long a new connection waits for the older

@@ -44,6 +44,8 @@ func (s *Server) unwatch(clientID string, key string) bool {
 }
 
 // endWatches ends every watch of clientID: watches belong to a connection.
+// It only changes the store's tables and the broker's topic index, never
+// waits on a client: new connections call it.
 func (s *Server) endWatches(clientID string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -79,13 +81,17 @@ func (s *Server) notifyDelete(key string) {
 	}
 }
 
+// publishNotify queues a notification for clientID's current connection;
+// see outbox. The caller holds s.mu.
 func (s *Server) publishNotify(clientID, key string, payload []byte, ts string) {
 	if s.observe != nil {
 		s.observe(clientID, key, payload, ts)
 	}
-	s.publish(wire.NotifyTopic(clientID, []byte(key)), payload, packets.Properties{
-		User: []packets.UserProperty{{Key: wire.PropTimestamp, Val: ts}},
-	})
+	rec := s.currentRec(clientID)
+	if rec == nil {
+		return // not connected: its watches are ending
+	}
+	s.notify(rec, note{topic: wire.NotifyTopic(clientID, []byte(key)), payload: payload, ts: ts})
 }
 
 // isOwnNotifyTopic reports whether topic (or filter) under the notification

@@ -71,6 +71,29 @@ type Config struct {
 	// "statestore").
 	NodeID string
 
+	// MaxPacketSize is the largest MQTT packet, in bytes, the store accepts
+	// from a client (default DefaultMaxPacketSize, 4 MiB); it is announced in
+	// CONNACK. The broker checks a packet's declared length before it
+	// allocates anything for it: a client that declares a larger packet,
+	// even an unauthenticated CONNECT, has its connection closed. It bounds
+	// the value of a SET too (a value is a little smaller than its packet).
+	// Raise it for larger values, up to 268435455 (MQTT's largest packet).
+	MaxPacketSize int
+
+	// MaxPendingMessages is how many messages the store holds for one
+	// connection (default DefaultMaxPendingMessages, 8192): QoS 1 messages
+	// sent to the client and not yet acknowledged (responses, notifications
+	// and ordinary MQTT messages), and notifications not yet handed to the
+	// broker. A client that reaches it is disconnected with DISCONNECT 0x97
+	// (quota exceeded) rather than have messages dropped; a request that
+	// arrives while it is reached is not executed. At most 60000.
+	MaxPendingMessages int
+
+	// WriteTimeout bounds every write to a client's socket (default
+	// DefaultWriteTimeout, 5 s). A client that does not read, so that a
+	// write cannot complete within it, has its connection closed.
+	WriteTimeout time.Duration
+
 	// CloseTimeout bounds how long Close waits for clients to take their
 	// DISCONNECT before their connections are cut (default 2 s).
 	CloseTimeout time.Duration
@@ -78,6 +101,22 @@ type Config struct {
 	// Logger receives the store's and the broker's logs (default: discarded).
 	Logger *slog.Logger
 }
+
+// Defaults of Config's limits.
+const (
+	DefaultMaxPacketSize      = 4 << 20
+	DefaultMaxPendingMessages = 8192
+	DefaultWriteTimeout       = 5 * time.Second
+)
+
+// maxPacketSizeLimit is MQTT's largest packet: a remaining length of at most
+// 268,435,455 bytes.
+const maxPacketSizeLimit = 268435455
+
+// maxPendingLimit keeps MaxPendingMessages well below the 65535 packet ids a
+// client has, and below the broker's own in-flight limit (see Start), so
+// that the store's limit is always the one reached first.
+const maxPendingLimit = 60000
 
 // Server is a running local state store: an MQTT v5 broker with the state
 // store built in. Create one with Start; stop it with Close.
@@ -102,6 +141,7 @@ type Server struct {
 	observe func(clientID, key string, payload []byte, ts string)
 
 	plain, secure *listener
+	bg            sync.WaitGroup // drain goroutines and slow-client disconnects
 	stop          chan struct{}
 	loopDone      chan struct{}
 	closeOnce     sync.Once
@@ -119,8 +159,24 @@ func Start(cfg Config) (*Server, error) {
 	if cfg.CloseTimeout <= 0 {
 		cfg.CloseTimeout = 2 * time.Second
 	}
-	if cfg.MaxKeys < 0 || cfg.MaxKeySize < 0 || cfg.MaxValueSize < 0 {
+	if cfg.MaxKeys < 0 || cfg.MaxKeySize < 0 || cfg.MaxValueSize < 0 || cfg.MaxPacketSize < 0 ||
+		cfg.MaxPendingMessages < 0 || cfg.WriteTimeout < 0 {
 		return nil, errors.New("localstore: negative limit in Config")
+	}
+	if cfg.MaxPacketSize == 0 {
+		cfg.MaxPacketSize = DefaultMaxPacketSize
+	}
+	if cfg.MaxPacketSize > maxPacketSizeLimit {
+		return nil, fmt.Errorf("localstore: MaxPacketSize %d is above MQTT's largest packet, %d", cfg.MaxPacketSize, maxPacketSizeLimit)
+	}
+	if cfg.MaxPendingMessages == 0 {
+		cfg.MaxPendingMessages = DefaultMaxPendingMessages
+	}
+	if cfg.MaxPendingMessages > maxPendingLimit {
+		return nil, fmt.Errorf("localstore: MaxPendingMessages %d is above %d", cfg.MaxPendingMessages, maxPendingLimit)
+	}
+	if cfg.WriteTimeout == 0 {
+		cfg.WriteTimeout = DefaultWriteTimeout
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -148,10 +204,29 @@ func Start(cfg Config) (*Server, error) {
 	// without an expiry must not get one.
 	caps.Compatibilities.NoInheritedPropertiesOnAck = true
 	caps.MaximumMessageExpiryInterval = 0
+	// Checked against each packet's declared length before the broker
+	// allocates its buffer (Client.ReadFixedHeader), CONNECT included.
+	caps.MaximumPacketSize = uint32(cfg.MaxPacketSize)
+	// The broker silently drops a message to a client that has
+	// MaximumInflight messages unacknowledged, or MaximumClientWritesPending
+	// waiting to be written. The store disconnects such a client first (see
+	// outbox and hook.OnQosPublish): its own limit, MaxPendingMessages, is
+	// the one reached, and a drop the broker still makes (OnPublishDropped)
+	// disconnects the client too.
+	caps.MaximumInflight = 65535
+	caps.MaximumClientWritesPending = int32(cfg.MaxPendingMessages)
 	s.broker = mqtt.New(&mqtt.Options{
-		Capabilities:           caps,
-		Logger:                 log.With("component", "broker"),
-		SysTopicResendInterval: 30,
+		Capabilities: caps,
+		Logger:       slog.New(packetSummaries{log.Handler()}).With("component", "broker"),
+		// mochi coalesces writes in a buffer while a client's write queue is
+		// not empty, and flushes it only when it fills or the queue empties.
+		// A DISCONNECT (DisconnectClient: Kick, a slow client, receive
+		// maximum exceeded) written then sits in that buffer, and the
+		// connection is closed under it: the DISCONNECT and every message
+		// buffered with it are lost. With a buffer size of 1 every packet is
+		// written as it comes.
+		ClientNetWriteBufferSize: 1,
+		SysTopicResendInterval:   30,
 	})
 	s.inline = s.broker.NewClient(nil, "local", "$statestore", true)
 	s.inline.Properties.ProtocolVersion = 5
@@ -219,6 +294,7 @@ func (s *Server) Close() error {
 		close(s.stop)
 		<-s.loopDone
 		_ = s.broker.Close()
+		s.bg.Wait()
 	})
 	return nil
 }
@@ -322,32 +398,49 @@ func (s *Server) current(clientID string) *mqtt.Client {
 
 // handleRequest executes a PUBLISH to the invoke topic and publishes the
 // response. It runs on the publishing client's read goroutine, so the requests
-// of one connection are executed in order.
-func (s *Server) handleRequest(cl *mqtt.Client, pk packets.Packet) {
+// of one connection are executed in order. A non-nil result is the reason code
+// of the request's PUBACK: the request was not executed.
+func (s *Server) handleRequest(cl *mqtt.Client, pk packets.Packet) error {
 	respTopic := pk.Properties.ResponseTopic
 	if respTopic == "" {
 		s.log.Warn("dropped state store request without response topic", "client", cl.ID)
-		return
+		return nil
 	}
 	if wire.ForbiddenResponseTopic(respTopic) {
 		s.log.Warn("disconnecting client: forbidden response topic", "client", cl.ID, "topic", respTopic)
 		_ = s.broker.DisconnectClient(cl, packets.ErrTopicNameInvalid)
-		return
+		return nil
+	}
+	// A response topic one cannot publish to (a wildcard, $SYS) means the
+	// response could never reach the caller: refuse the request in its
+	// PUBACK rather than execute it with an outcome nobody learns.
+	if !mqtt.IsValidFilter(respTopic, true) {
+		s.log.Warn("refused state store request: response topic is not a valid topic name", "client", cl.ID, "topic", respTopic)
+		return packets.ErrTopicNameInvalid
+	}
+	// The response would be one more unacknowledged message: beyond the
+	// limit, the broker would drop it after the request was executed.
+	if inflight := cl.State.Inflight.Len(); inflight >= s.cfg.MaxPendingMessages {
+		if rec := s.recOf(cl); rec != nil {
+			s.slowClient(rec, "too many unacknowledged messages", "unacknowledged", inflight, "limit", s.cfg.MaxPendingMessages)
+		}
+		return codeSlowClient
 	}
 	corr := pk.Properties.CorrelationData
 	switch {
 	case pk.FixedHeader.Qos != 1:
 		s.log.Warn("refused state store request not at QoS 1", "client", cl.ID, "qos", pk.FixedHeader.Qos)
-		s.respond(respTopic, corr, result{payload: resp.AppendError(nil, msgNotQoS1)})
-		return
+		s.respond(respTopic, corr, result{payload: resp.AppendError(nil, MsgNotQoS1)})
+		return nil
 	case len(corr) == 0:
 		s.log.Warn("refused state store request without correlation data", "client", cl.ID)
-		s.respond(respTopic, corr, result{payload: resp.AppendError(nil, msgNoCorrelation)})
-		return
+		s.respond(respTopic, corr, result{payload: resp.AppendError(nil, MsgNoCorrelation)})
+		return nil
 	}
 
 	res := s.serve(clientRef{id: cl.ID, cl: cl}, string(cl.Properties.Username), pk.Payload, pk.Properties.User)
 	s.respond(respTopic, corr, res)
+	return nil
 }
 
 // serve parses and executes one request payload with its user properties.
@@ -371,11 +464,19 @@ func (s *Server) serve(cl clientRef, user string, payload []byte, props []packet
 	return s.execute(cl, &req)
 }
 
-// Messages for requests the protocol forbids but the public document gives no
-// error text for. Official clients never send such requests.
+// The store's own -ERR messages, for cases the service's documentation gives
+// no text for (see wire-notes.md): they are this package's, not the
+// service's. Official clients never send requests that get the first two.
 const (
-	msgNotQoS1       = "requests must be published with QoS 1"
-	msgNoCorrelation = "requests must carry correlation data"
+	// MsgNotQoS1 answers a request published at QoS 0.
+	MsgNotQoS1 = "requests must be published with QoS 1"
+	// MsgNoCorrelation answers a request without correlation data.
+	MsgNoCorrelation = "requests must carry correlation data"
+	// MsgClockAhead answers a request while the store's own clock is more
+	// than Config.MaxDrift ahead of its wall clock: the wall clock stepped
+	// back after the store issued versions. Requests succeed again once the
+	// wall clock has caught up (or the drift allows it).
+	MsgClockAhead = "the state store's clock is more than the maximum drift ahead of its system clock, which has stepped back; retry once the system clock has caught up"
 )
 
 // respond publishes a response through the broker.
