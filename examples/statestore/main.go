@@ -8,6 +8,11 @@
 //
 // It logs the address it listens on and stops cleanly on SIGINT or SIGTERM.
 // Data lives in memory only.
+//
+// Limits: a value is at most -max-value-size bytes (default 1 MiB; a larger
+// SET gets "the quota has been exceeded"), and an MQTT packet at most
+// -max-packet-size bytes (default 4 MiB; a client that sends or even declares
+// a larger one is disconnected). Raise both together for larger values.
 package main
 
 import (
@@ -36,6 +41,8 @@ func run() error {
 	certFile := flag.String("tls-cert", "", "PEM certificate `file` for the TLS listener")
 	keyFile := flag.String("tls-key", "", "PEM private key `file` for the TLS listener")
 	maxKeys := flag.Int("max-keys", 0, "maximum number of keys (0: no limit)")
+	maxValueSize := flag.Int("max-value-size", 1<<20, "maximum value size in `bytes` (0: only the packet size limits it)")
+	maxPacketSize := flag.Int("max-packet-size", localstore.DefaultMaxPacketSize, "maximum MQTT packet size in `bytes` (at most 268435455)")
 	verbose := flag.Bool("v", false, "log every connection and broker event")
 	flag.Parse()
 	if flag.NArg() > 0 {
@@ -48,7 +55,11 @@ func run() error {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 
-	cfg := localstore.Config{Addr: *listen, MaxKeys: *maxKeys, Logger: log}
+	if *maxKeys < 0 || *maxValueSize < 0 || *maxPacketSize <= 0 {
+		return fmt.Errorf("-max-keys and -max-value-size must be 0 or more, -max-packet-size more than 0")
+	}
+	cfg := localstore.Config{Addr: *listen, MaxKeys: *maxKeys, MaxValueSize: *maxValueSize,
+		MaxPacketSize: *maxPacketSize, Logger: log}
 	if !*verbose {
 		// The broker logs every connection at INFO; keep only its warnings.
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
