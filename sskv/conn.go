@@ -81,7 +81,7 @@ func (s *frameScanner) scan(b []byte, first func(byte) error) error {
 			s.vbiLen++
 			size := uint64(s.length) + 1 + uint64(s.vbiLen)
 			if s.maxSize > 0 && size > uint64(s.maxSize) {
-				return fmt.Errorf("%w: a packet of type %d declares %d bytes, more than the %d allowed", ErrPacketTooLarge, s.typ, s.length, s.maxSize)
+				return fmt.Errorf("%w: a packet of type %d declares %d bytes or more, the limit is %d", ErrPacketTooLarge, s.typ, size, s.maxSize)
 			}
 			if d&0x80 == 0 {
 				s.inHeader = false

@@ -122,12 +122,19 @@ func newClient(cfg Config) (*Client, error) {
 // connection is up and the client's response and notification subscriptions
 // are acknowledged. While the broker is unreachable it keeps trying; if ctx
 // ends first, Dial returns ctx's error, wrapped together with the last
-// connection error. A failure that retrying cannot cure ends Dial at once: a
-// refused CONNACK for identity or credentials (a *[ConnectError], e.g. reason
-// 0x86 bad user name or password), a server certificate that is not trusted
-// (the crypto/x509 error), or an unreadable PasswordFile or SATFile (the
-// fs error). An invalid cfg is reported at once with an error wrapping
-// [ErrConfig].
+// connection error (or, when no attempt has failed yet, what the attempt in
+// progress waits for, e.g. "no CONNACK yet"). A failure that retrying cannot
+// cure ends Dial at once: a refused CONNACK for identity or credentials (a
+// *[ConnectError], e.g. reason 0x86 bad user name or password), a server
+// certificate that is not trusted (the crypto/x509 error), an unreadable
+// PasswordFile or SATFile (the fs error), a server that does not answer in
+// MQTT v5 ([ErrNotMQTT]: e.g. an HTTP server, or a malformed CONNACK), an
+// oversized CONNACK ([ErrPacketTooLarge]), a TLS client meeting a plain
+// server (tls.RecordHeaderError), or a host name that does not exist
+// (*net.DNSError with IsNotFound). A refused TCP connection is retried (the
+// broker may be starting), unless cfg.FailFast is set, which ends Dial on
+// any failed attempt. An invalid cfg is reported at once with an error
+// wrapping [ErrConfig].
 //
 // After Dial returns, the client reconnects by itself whenever the connection
 // drops, with a jittered exponential backoff, until Close.
@@ -221,6 +228,9 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 // refused CONNECT becomes a *ConnectError, and a CONNECT answered with a
 // CONNACK that paho could not decode an error wrapping ErrNotMQTT.
 func (c *Client) connectError(err error) error {
+	if inner := errors.Unwrap(err); inner != nil && strings.HasPrefix(err.Error(), "failed to connect to ") {
+		err = inner // autopaho's prefix repeats the address Dial's error names
+	}
 	var ce *autopaho.ConnackError
 	if !errors.As(err, &ce) {
 		if mc := c.conn.Load(); mc != nil && mc.connack.Load() && !errors.Is(err, ErrNotMQTT) && !errors.Is(err, ErrPacketTooLarge) {
@@ -388,7 +398,9 @@ func (c *Client) ID() string { return c.id }
 // Watcher's channel is closed, and the connection is closed with a
 // DISCONNECT that also ends the client's MQTT session, since nothing will
 // come back for it (unless the connection came from [NewFromConnection],
-// which Close leaves alone). It waits for the client's goroutines to end.
+// which Close leaves alone). If the DISCONNECT cannot be written within
+// 250 ms (a stalled socket), the socket is closed without it. It waits for
+// the client's goroutines to end.
 // Close is idempotent and always returns nil.
 func (c *Client) Close() error {
 	c.closeOnce.Do(func() {

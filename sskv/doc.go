@@ -68,8 +68,39 @@
 //     context.DeadlineExceeded and context.Canceled), and a response that
 //     arrives later is dropped.
 //
-// No request ever waits past its context. [Client.Close] fails requests in
-// flight with [ErrClosed].
+// No request ever waits past its context, whatever the socket does (a
+// request does not wait for a write stuck on a full socket). [Client.Close]
+// fails requests in flight with [ErrClosed] and closes the socket within a
+// short grace (250 ms) for its DISCONNECT.
+//
+// A request that returns an error after it was sent — a timeout,
+// [ErrConnectionLost] — has an unknown outcome: the service may still
+// execute it, even long after the caller gave up (its message expiry counts
+// from the broker's receipt, and a frozen connection can deliver it when the
+// network heals). Callers that hold leases must treat a timed-out acquire or
+// renewal as possibly applied. The error of a request whose connection was
+// lost meanwhile says so.
+//
+// # Dead connections
+//
+// The client finds a dead connection (a half-open one: a dead NAT mapping, a
+// frozen peer, a partition that keeps the socket open) in a ping's time:
+//
+//   - Under traffic: a request that times out makes the client ping at once;
+//     with no packet from the broker within Config.PingTimeout (default 1 s),
+//     it drops the connection and reconnects. A dead connection is thus
+//     replaced about PingTimeout after the first request that timed out
+//     (measured: 1.0 s with the defaults), plus the reconnection.
+//   - Idle, or with requests whose deadlines are long: the client pings when
+//     nothing has been both sent and received for Config.KeepAlive (default
+//     5 s), so a dead connection is found at most KeepAlive + PingTimeout
+//     (6 s) after the last packet received from the broker.
+//   - Writes: each packet is written with a deadline of KeepAlive +
+//     PingTimeout, so no write blocks forever.
+//
+// Each connection attempt is bounded by KeepAlive + PingTimeout (at most
+// Config.RequestTimeout). Packets from the broker larger than
+// Config.MaxPacketSize end the connection before they are read.
 //
 // # Watches
 //
@@ -112,6 +143,12 @@
 // application owns; the application then routes the connection's messages and
 // events to it ([Client.HandlePublish], [Client.ConnectionUp],
 // [Client.ConnectionDown]).
+//
+// # Errors
+//
+// Errors name the operation and the key once, with one "sskv: " prefix
+// (`sskv: SET "k": state store error: ...`); errors.Is and errors.As find
+// the sentinels, *[ServiceError], *[ConnectError] and context errors in them.
 //
 // # Logging
 //

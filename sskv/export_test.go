@@ -84,3 +84,10 @@ func WriteBlockedForTest(c *Client) time.Duration {
 	}
 	return 0
 }
+
+// PendingForTest is the number of requests waiting for a response.
+func PendingForTest(c *Client) int {
+	c.pmu.Lock()
+	defer c.pmu.Unlock()
+	return len(c.pending)
+}
