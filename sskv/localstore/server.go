@@ -137,6 +137,8 @@ type Server struct {
 	latest map[string]*connRec     // the newest authenticated connection of each client id, until it ends
 	recs   map[net.Conn]*connRec   // every authenticated connection, until it ends
 
+	requests sync.Map // client id -> *atomic.Int64: requests received (see Requests)
+
 	// observe, set only by tests, sees every notification as it is published.
 	observe func(clientID, key string, payload []byte, ts string)
 
@@ -344,6 +346,18 @@ func (s *Server) disconnect(clientID string, how func(*mqtt.Client)) error {
 	return nil
 }
 
+// Requests returns how many requests (PUBLISHes to the state store's invoke
+// topic) the client with the given id has sent since the store started,
+// executed or refused, over all its connections. Tests of clients use it to
+// check what a client sends: a lock waiter, say, must send nothing while the
+// holder keeps renewing.
+func (s *Server) Requests(clientID string) int64 {
+	if n, ok := s.requests.Load(clientID); ok {
+		return n.(*atomic.Int64).Load()
+	}
+	return 0
+}
+
 // Connected reports whether a client with the given id is connected.
 func (s *Server) Connected(clientID string) bool {
 	return s.current(clientID) != nil
@@ -401,6 +415,11 @@ func (s *Server) current(clientID string) *mqtt.Client {
 // of one connection are executed in order. A non-nil result is the reason code
 // of the request's PUBACK: the request was not executed.
 func (s *Server) handleRequest(cl *mqtt.Client, pk packets.Packet) error {
+	n, ok := s.requests.Load(cl.ID)
+	if !ok {
+		n, _ = s.requests.LoadOrStore(cl.ID, new(atomic.Int64))
+	}
+	n.(*atomic.Int64).Add(1)
 	respTopic := pk.Properties.ResponseTopic
 	if respTopic == "" {
 		s.log.Warn("dropped state store request without response topic", "client", cl.ID)

@@ -602,6 +602,26 @@ func TestPipelined(t *testing.T) {
 	}
 }
 
+// Requests counts every request a client sends, executed or refused, and
+// nothing else it publishes.
+func TestRequestsCounted(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	c := connect(t, srv)
+	if n := srv.Requests(c.id); n != 0 {
+		t.Fatalf("Requests before any = %d", n)
+	}
+	for _, req := range []request{cmd("SET", "k", "v"), cmd("GET", "k"), cmd("FROB")} {
+		ch, corr := c.send(req)
+		c.await(ch, corr)
+	}
+	if n := srv.Requests(c.id); n != 3 {
+		t.Fatalf("Requests = %d; want 3", n)
+	}
+	if n := srv.Requests("nobody"); n != 0 {
+		t.Fatalf("Requests of an unknown client = %d", n)
+	}
+}
+
 // TestCloseBounded: Close returns even with a connection that never sent
 // CONNECT and a client that is connected.
 func TestCloseBounded(t *testing.T) {
