@@ -24,7 +24,7 @@
 // request. A waiter that lost a race for the key waits a short random time
 // before its next try. After a reconnect the watch reports that it may have
 // missed changes and the waiter checks at once; as a last safeguard it also
-// checks every 10 TTLs.
+// checks after 10 TTLs without news.
 //
 // # Guarantees
 //

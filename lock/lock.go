@@ -92,7 +92,7 @@ func (l *Lock) TryLock(ctx context.Context) (bool, error) {
 // (KEYNOTIFY) and sleeps until it is deleted (released or expired), then
 // tries at once; it sends no request while the holder keeps renewing. After a
 // reconnect, or if notifications were lost, it checks again at once, and as a
-// safeguard it checks every 10 TTLs.
+// safeguard it checks after 10 TTLs without news.
 //
 // If ctx ends first, Lock returns ctx's error (wrapped) and holds nothing:
 // if its last attempt had an unknown outcome, it deletes the key again when

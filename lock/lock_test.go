@@ -267,6 +267,51 @@ func TestRenewalsKeepTheLock(t *testing.T) {
 	}
 }
 
+// Waiters send no request while the holder keeps renewing: they sleep on
+// the key's notifications (counted at the store over 10 TTLs).
+func TestWaitersSendNothingWhileHolderRenews(t *testing.T) {
+	srv := startStore(t)
+	ttl := 100 * time.Millisecond
+	ca := dial(t, srv.Addr())
+	a := newLock(t, ca, lock.Config{Name: "l", TTL: ttl})
+	mustLock(t, a)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var clients []*sskv.Client
+	var wg sync.WaitGroup
+	for range 3 {
+		c := dial(t, srv.Addr())
+		clients = append(clients, c)
+		w := newLock(t, c, lock.Config{Name: "l", TTL: ttl})
+		wg.Go(func() {
+			if err := w.Lock(ctx); !errors.Is(err, context.Canceled) {
+				t.Errorf("waiter's Lock = %v; want it cancelled", err)
+			}
+		})
+	}
+	// Entry costs a waiter four requests: the SET that finds the lock held,
+	// KEYNOTIFY and GET to watch the key, and the SET that checks again.
+	const entry = 4
+	for _, c := range clients {
+		waitFor(t, "the waiter's entry", func() bool { return srv.Requests(c.ID()) >= entry })
+	}
+	holderBefore := srv.Requests(ca.ID())
+	time.Sleep(10 * ttl) // the span measured, not a wait for an event
+	for i, c := range clients {
+		if n := srv.Requests(c.ID()) - entry; n != 0 {
+			t.Errorf("waiter %d sent %d requests after its entry, in 10 TTLs while the holder renewed", i, n)
+		}
+	}
+	if n := srv.Requests(ca.ID()) - holderBefore; n < 20 {
+		t.Errorf("the holder sent %d requests in 10 TTLs; want renewals every TTL/3", n)
+	}
+	if a.Err() != nil {
+		t.Fatalf("holder lost the lock: %v", a.Err())
+	}
+	cancel()
+	wg.Wait()
+}
+
 // Exactly one holder at a time, over many rounds of contention among
 // clients on separate connections; tokens increase strictly.
 func TestContention(t *testing.T) {

@@ -3,6 +3,7 @@ package lock
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -10,11 +11,18 @@ import (
 	"github.com/dsslock/dsslock/sskv"
 )
 
-// recheckTTLs is how many TTLs a waiter sleeps, with no notification, before
-// it checks the lock anyway: a safeguard against a notification lost in a way
-// the client could not detect. Reconnects and overflows are detected (the
-// watch delivers a Resync event) and checked at once.
+// recheckTTLs is how many TTLs a waiter sleeps after its last attempt, with
+// no notification, before it checks the lock anyway (half a TTL more, and up
+// to half a TTL at random, so that waiters do not check together): a
+// safeguard against a notification lost in a way the client could not
+// detect. Reconnects and overflows are detected (the watch delivers a Resync
+// event) and checked at once.
 const recheckTTLs = 10
+
+func (l *Lock) recheckAfter() time.Duration {
+	half := max(l.cfg.TTL/2, time.Millisecond)
+	return recheckTTLs*l.cfg.TTL + half + rand.N(half)
+}
 
 // wait acquires the lock, sleeping on the key's notifications while someone
 // else holds it. The caller has the turn.
@@ -36,7 +44,7 @@ func (l *Lock) wait(ctx context.Context) error {
 	delay := time.NewTimer(time.Hour)
 	delay.Stop()
 	defer delay.Stop()
-	recheck := time.NewTimer(recheckTTLs * l.cfg.TTL)
+	recheck := time.NewTimer(l.recheckAfter())
 	defer recheck.Stop()
 
 	giveUp := func(err error) error {
@@ -55,6 +63,7 @@ func (l *Lock) wait(ctx context.Context) error {
 			check = false
 			ok, err := l.attempt(ctx)
 			unknown = err != nil
+			recheck.Reset(l.recheckAfter())
 			switch {
 			case ok:
 				return nil
@@ -126,7 +135,6 @@ func (l *Lock) wait(ctx context.Context) error {
 			check, woken = true, delayed
 		case <-recheck.C:
 			check = true
-			recheck.Reset(recheckTTLs * l.cfg.TTL)
 		}
 	}
 }
