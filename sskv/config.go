@@ -34,7 +34,8 @@ const (
 // Config configures a [Client]. Only Addr is required; every other zero
 // field means "use the default".
 type Config struct {
-	// Addr is the broker's "host:port".
+	// Addr is the broker's "host:port". An empty host (":1883") is this
+	// machine ("localhost"), as for net.Dial.
 	Addr string
 
 	// TLS, when not nil, connects with TLS using this configuration (its
@@ -147,11 +148,11 @@ func (cfg Config) withDefaults(needAddr bool) (Config, error) {
 		if err != nil {
 			return cfg, configErr("Addr %q: %v", cfg.Addr, err)
 		}
-		if host == "" {
-			return cfg, configErr("Addr %q: empty host", cfg.Addr)
-		}
 		if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
 			return cfg, configErr("Addr %q: bad port", cfg.Addr)
+		}
+		if host == "" { // this machine, as for net.Dial and a listen address
+			cfg.Addr = net.JoinHostPort("localhost", port)
 		}
 	}
 	if cfg.ClientID == "" {
