@@ -546,6 +546,9 @@ func (cf *connFlags) config(stderr io.Writer) (sskv.Config, error) {
 		cfg.CleanStart = true
 	}
 	cfg.RequestTimeout = cf.timeout
+	// A command line wants the first failure's cause at once, not retries
+	// until -timeout (a refused connection, a wrong port, a TLS mismatch).
+	cfg.FailFast = true
 	level := slog.LevelWarn
 	if cf.verbose {
 		level = slog.LevelDebug
@@ -699,7 +702,7 @@ func watch(ctx context.Context, c *sskv.Client, keys []string, stdout, stderr io
 			if ctx.Err() != nil {
 				return exitOK // interrupted while starting
 			}
-			return fail(stderr, fmt.Errorf("%q: %w", k, err))
+			return fail(stderr, err) // it names the key
 		}
 		ws = append(ws, w)
 	}
@@ -740,7 +743,7 @@ func watch(ctx context.Context, c *sskv.Client, keys []string, stdout, stderr io
 				}
 			}
 			if err := w.Err(); err != nil {
-				setErr(fmt.Errorf("watch %q: %w", w.Key(), err))
+				setErr(fmt.Errorf("watch %q ended: %s", w.Key(), strings.TrimPrefix(err.Error(), "sskv: ")))
 			}
 		})
 	}

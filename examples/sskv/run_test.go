@@ -164,14 +164,14 @@ func TestFencing(t *testing.T) {
 	v2 := setOK(t, cmd("set", "-ft", token, "data", "v2")...)
 
 	// The old holder's token is refused, with the service's message.
-	const refused = "sskv: state store error: the request fencing token is a lower version than the fencing token protecting the resource\n"
+	const refused = "\"data\": state store error: the request fencing token is a lower version than the fencing token protecting the resource\n"
 	o := sskvRun(t, cmd("set", "data", "late", "-ft", old)...)
 	o.want(t, exitError, "", refused)
-	if o.stderr != refused {
-		t.Fatalf("stderr %q, want exactly %q", o.stderr, refused)
+	if o.stderr != "sskv: SET "+refused {
+		t.Fatalf("stderr %q, want exactly %q", o.stderr, "sskv: SET "+refused)
 	}
-	sskvRun(t, cmd("del", "data", "-ft", old)...).want(t, exitError, "", refused)
-	sskvRun(t, cmd("vdel", "data", "v2", "-ft", old)...).want(t, exitError, "", refused)
+	sskvRun(t, cmd("del", "data", "-ft", old)...).want(t, exitError, "", "sskv: DEL "+refused)
+	sskvRun(t, cmd("vdel", "data", "v2", "-ft", old)...).want(t, exitError, "", "sskv: VDEL "+refused)
 	sskvRun(t, cmd("get", "data")...).want(t, exitOK, "v2\n(version "+v2+")\n", "")
 }
 
@@ -283,20 +283,59 @@ func closedAddr(t *testing.T) string {
 	return addr
 }
 
+// A connection that cannot be made fails at once with its cause, not after
+// -timeout with "context deadline exceeded".
 func TestDialError(t *testing.T) {
 	addr := closedAddr(t)
-	o := sskvRun(t, "-addr", addr, "-timeout", "300ms", "get", "k")
-	o.want(t, exitError, "", "sskv: dial "+addr+": context deadline exceeded")
-	if strings.Contains(o.stderr, "sskv: sskv:") {
-		t.Errorf("stderr repeats the prefix: %q", o.stderr)
+	start := time.Now()
+	o := sskvRun(t, "-addr", addr, "get", "k")
+	o.want(t, exitError, "", "sskv: dial "+addr+": ")
+	if !strings.Contains(o.stderr, "connection refused") || strings.Contains(o.stderr, "sskv: sskv:") {
+		t.Errorf("stderr %q; want the cause, said once", o.stderr)
 	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("a refused connection took %v to report (the -timeout is 10s)", d)
+	}
+	// Not MQTT: an HTTP-like server that answers with text.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("HTTP/1.1 400 Bad Request\r\n\r\n"))
+			_ = c.Close()
+		}
+	}()
+	o = sskvRun(t, "-addr", ln.Addr().String(), "get", "k")
+	o.want(t, exitError, "", "sskv: dial "+ln.Addr().String()+": ")
+	if !strings.Contains(o.stderr, "MQTT") {
+		t.Errorf("stderr %q; want it to say the server is not an MQTT broker", o.stderr)
+	}
+}
+
+// -addr :PORT is this machine, as -listen :PORT of the store is.
+func TestAddrWithoutHost(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	_, port, _ := net.SplitHostPort(srv.Addr())
+	setOK(t, "-addr", ":"+port, "set", "k", "v")
 }
 
 func TestServiceError(t *testing.T) {
 	srv := startStore(t, localstore.Config{KeyPrefixes: map[string][]string{"": {"app/"}}})
 	setOK(t, "-addr", srv.Addr(), "set", "app/k", "v")
-	sskvRun(t, "-addr", srv.Addr(), "get", "other/k").want(t, exitError, "", "sskv: state store error: not authorized\n")
-	sskvRun(t, "-addr", srv.Addr(), "watch", "other/k").want(t, exitError, "", "not authorized")
+	sskvRun(t, "-addr", srv.Addr(), "get", "other/k").want(t, exitError, "", "sskv: GET \"other/k\": state store error: not authorized\n")
+	o := sskvRun(t, "-addr", srv.Addr(), "watch", "other/k")
+	o.want(t, exitError, "", "")
+	// Each part once: the issue saw 'sskv: "": sskv: watch: sskv: state store error: ...'.
+	if want := "sskv: watch \"other/k\": state store error: not authorized\n"; o.stderr != want {
+		t.Fatalf("stderr %q; want %q", o.stderr, want)
+	}
 }
 
 func TestAuthAndEnv(t *testing.T) {
