@@ -14,6 +14,7 @@ import (
 
 	"github.com/eclipse/paho.golang/packets"
 	"github.com/eclipse/paho.golang/paho"
+	mqtt "github.com/mochi-mqtt/server/v2"
 
 	"github.com/dsslock/dsslock/hlc"
 	"github.com/dsslock/dsslock/sskv/internal/wire"
@@ -401,6 +402,24 @@ func TestLogHasNoPayloads(t *testing.T) {
 		}
 		if strings.Contains(line, "error processing packet") && !strings.Contains(line, fmt.Sprint(len(secret))) {
 			t.Errorf("the warning does not give the payload size %d: %s", len(secret), line)
+		}
+	}
+}
+
+// A keep alive of 5 s, sskv's default, is logged at Debug, not as mochi's
+// warning on every connection.
+func TestShortKeepAliveNotWarned(t *testing.T) {
+	rec := newRecordingHandler(mqtt.ErrMinimumKeepalive.Error())
+	srv := startStore(t, localstore.Config{Logger: slog.New(rec)})
+	dialRaw(t, srv.Addr(), 0).connect("short-keepalive", 5)
+	select {
+	case <-rec.seen:
+	case <-time.After(waitTimeout):
+		t.Fatal("no keep alive record")
+	}
+	for _, line := range strings.Split(rec.text(), "\n") {
+		if strings.Contains(line, "keepalive") && !strings.Contains(line, "level=DEBUG") {
+			t.Errorf("logged above Debug: %s", line)
 		}
 	}
 }

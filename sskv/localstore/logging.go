@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 
+	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 )
 
@@ -18,7 +19,17 @@ type packetSummaries struct{ h slog.Handler }
 func (p packetSummaries) Enabled(ctx context.Context, l slog.Level) bool { return p.h.Enabled(ctx, l) }
 
 func (p packetSummaries) Handle(ctx context.Context, r slog.Record) error {
-	out := slog.NewRecord(r.Time, r.Level, r.Message, r.PC)
+	level := r.Level
+	if r.Message == mqtt.ErrMinimumKeepalive.Error() {
+		// mochi warns about every keep alive of 5 s or less, which is the
+		// sskv default (short, for leases of a few seconds) and fine for a
+		// local store: not worth a warning per connection.
+		level = slog.LevelDebug
+		if !p.h.Enabled(ctx, level) {
+			return nil
+		}
+	}
+	out := slog.NewRecord(r.Time, level, r.Message, r.PC)
 	r.Attrs(func(a slog.Attr) bool {
 		out.AddAttrs(summarize(a))
 		return true
