@@ -69,18 +69,23 @@ func (l *Lock) Config() Config { return l.cfg }
 // TryLock makes one attempt to acquire the lock (SET NEX PX) and reports
 // whether it did. Not acquiring it because someone else holds it is not an
 // error. An error means the outcome is unknown (a timeout, a lost
-// connection): the Lock then deletes the key again if it took it, and holds
-// nothing.
+// connection): the Lock holds nothing, and deletes the key if it took it, in
+// the background (TryLock returns by ctx's deadline), before its next
+// acquisition or Close goes ahead.
 func (l *Lock) TryLock(ctx context.Context) (bool, error) {
 	if err := l.begin(ctx); err != nil {
 		return false, err
 	}
-	defer l.end()
 	ok, err := l.attempt(ctx)
-	if err != nil {
-		l.abandon()
+	switch {
+	case errors.Is(err, errAnsweredLate):
+		l.abandonThenEnd()
+		return false, nil
+	case err != nil:
+		l.abandonThenEnd()
 		return false, l.wrap("", err)
 	}
+	l.end()
 	return ok, nil
 }
 
@@ -95,16 +100,21 @@ func (l *Lock) TryLock(ctx context.Context) (bool, error) {
 // safeguard it checks after 10 TTLs without news.
 //
 // If ctx ends first, Lock returns ctx's error (wrapped) and holds nothing:
-// if its last attempt had an unknown outcome, it deletes the key again when
-// it holds it.
+// if its last attempt had an unknown outcome, it deletes the key if it took
+// it, as TryLock does.
 func (l *Lock) Lock(ctx context.Context) error {
 	if err := l.begin(ctx); err != nil {
 		return err
 	}
-	defer l.end()
-	if err := l.wait(ctx); err != nil {
+	if unknown, err := l.wait(ctx); err != nil {
+		if unknown {
+			l.abandonThenEnd()
+		} else {
+			l.end()
+		}
 		return l.wrap("", err)
 	}
+	l.end()
 	return nil
 }
 
@@ -258,10 +268,9 @@ func (l *Lock) attempt(ctx context.Context) (bool, error) {
 	}
 	if time.Since(sent) >= l.cfg.RenewDeadline {
 		// The answer came too late to promise anything: the holding would be
-		// lost already. Give the key back and report not acquired.
-		l.log.Warn("acquisition answered after the renew deadline; releasing", "after", time.Since(sent))
-		l.abandon()
-		return false, nil
+		// lost already. The caller gives the key back (or tries again).
+		l.log.Warn("acquisition answered after the renew deadline", "after", time.Since(sent))
+		return false, errAnsweredLate
 	}
 	h := newHolding(l, res.Version, sent)
 	l.mu.Lock()
@@ -272,16 +281,26 @@ func (l *Lock) attempt(ctx context.Context) (bool, error) {
 	return true, nil
 }
 
-// abandon deletes the key if it holds this Lock's HolderID, after an
-// acquisition whose outcome is unknown or that came too late. It is bounded
-// by the TTL (after which the key would be gone anyway) and does not depend
-// on the caller's context, which has usually ended.
-func (l *Lock) abandon() {
-	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.TTL)
-	defer cancel()
-	if _, err := l.c.VDel(ctx, l.cfg.Name, l.value, sskv.DelOptions{}); err != nil {
-		l.log.Debug("could not delete the key after an unknown acquisition; it expires after the TTL", "error", err)
-	}
+// errAnsweredLate: an acquisition applied, but its answer came after the
+// renew deadline, so the Lock does not count it as held.
+var errAnsweredLate = errors.New("lock: acquisition answered after the renew deadline")
+
+// abandonThenEnd deletes the key if it holds this Lock's HolderID, after an
+// acquisition whose outcome is unknown or whose answer came too late, and
+// then ends the caller's turn. It runs in the background, so that the caller
+// returns by its context's deadline; holding the turn until the delete is
+// done keeps it ahead of the Lock's next acquisition, which it would
+// otherwise undo. It is bounded by the TTL, after which the key would be
+// gone anyway.
+func (l *Lock) abandonThenEnd() {
+	go func() {
+		defer l.end()
+		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.TTL)
+		defer cancel()
+		if _, err := l.c.VDel(ctx, l.cfg.Name, l.value, sskv.DelOptions{}); err != nil {
+			l.log.Debug("could not delete the key after an unknown acquisition; it expires after the TTL", "error", err)
+		}
+	}()
 }
 
 // release ends the holding and deletes the key if it is still this Lock's.

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/internal/faultproxy"
 	"github.com/dsslock/dsslock/lock"
 	"github.com/dsslock/dsslock/sskv"
 	"github.com/dsslock/dsslock/sskv/localstore"
@@ -411,6 +412,48 @@ func TestCancelledLockLeavesNothing(t *testing.T) {
 	waitFor(t, "b's KEYNOTIFY to be stopped", func() bool { return !srv.Watching(cb.ID(), "l") })
 	if h := holder(t, a); h.ID != a.HolderID() {
 		t.Fatalf("Holder = %+v; want a still", h)
+	}
+}
+
+// An acquisition whose outcome is unknown (its connection froze with the SET
+// in flight) returns by its context's deadline, holds nothing, and leaves no
+// key behind once the connection is back: the Lock deletes the key in the
+// background, before its next acquisition.
+func TestUnknownAcquisitionLeavesNoKey(t *testing.T) {
+	srv := startStore(t)
+	proxy, err := faultproxy.Start(srv.Addr(), faultproxy.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	b, err := lock.New(dial(t, proxy.Addr()), lock.Config{Name: "l", TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	observer := newLock(t, dial(t, srv.Addr()), lock.Config{Name: "l"})
+
+	proxy.Blackhole()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	ok, err := b.TryLock(ctx)
+	if ok || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("TryLock on a frozen connection = %v, %v; want DeadlineExceeded", ok, err)
+	}
+	if late := time.Since(start) - 300*time.Millisecond; late > time.Second {
+		t.Errorf("TryLock returned %v after its deadline", late)
+	}
+	if !errors.Is(b.Err(), lock.ErrNotHeld) {
+		t.Fatalf("b.Err = %v; want ErrNotHeld", b.Err())
+	}
+	proxy.Heal()
+	// Close waits for the background delete, which the client sends once
+	// it has replaced the frozen connection.
+	if err := b.Close(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if h := holder(t, observer); h.Held() {
+		t.Fatalf("after the unknown acquisition, Holder = %+v; want no key", h)
 	}
 }
 

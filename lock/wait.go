@@ -25,12 +25,13 @@ func (l *Lock) recheckAfter() time.Duration {
 }
 
 // wait acquires the lock, sleeping on the key's notifications while someone
-// else holds it. The caller has the turn.
-func (l *Lock) wait(ctx context.Context) error {
+// else holds it. When it fails, unknown reports that its last attempt may
+// have taken the key, which the caller must then delete. The caller has the
+// turn.
+func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 	var (
 		w       *sskv.Watcher
 		wcancel context.CancelFunc = func() {}
-		unknown bool               // the last attempt's outcome is unknown: it may have taken the key
 		woken   bool               // the pending check was woken by a deletion
 		lost    bool               // a check woken by a deletion lost the race to another waiter
 		delayed bool               // the delay timer wakes a deletion's check (not a retry)
@@ -47,12 +48,7 @@ func (l *Lock) wait(ctx context.Context) error {
 	recheck := time.NewTimer(l.recheckAfter())
 	defer recheck.Stop()
 
-	giveUp := func(err error) error {
-		if unknown {
-			l.abandon()
-		}
-		return err
-	}
+	giveUp := func(err error) (bool, error) { return unknown, err }
 	retryLater := func() {
 		delayed = false
 		delay.Reset(retry.NextBackOff())
@@ -62,11 +58,11 @@ func (l *Lock) wait(ctx context.Context) error {
 		if check {
 			check = false
 			ok, err := l.attempt(ctx)
-			unknown = err != nil
+			unknown = err != nil // a late answer too: the key is this Lock's
 			recheck.Reset(l.recheckAfter())
 			switch {
 			case ok:
-				return nil
+				return false, nil
 			case err != nil:
 				if ctx.Err() != nil || errors.Is(err, ErrAlreadyHeld) || errors.Is(err, sskv.ErrClosed) {
 					return giveUp(err)
