@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,50 +13,20 @@ import (
 	"github.com/dsslock/dsslock/fenced"
 	"github.com/dsslock/dsslock/hlc"
 	"github.com/dsslock/dsslock/internal/faultproxy"
+	"github.com/dsslock/dsslock/internal/storetest"
 	"github.com/dsslock/dsslock/lock"
 	"github.com/dsslock/dsslock/sskv"
-	"github.com/dsslock/dsslock/sskv/localstore"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-const waitTimeout = 20 * time.Second
-
-var seq atomic.Int64
-
-func testCtx(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-func startStore(t testing.TB) *localstore.Server {
-	t.Helper()
-	srv, err := localstore.Start(localstore.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Close() })
-	return srv
-}
-
-func dial(t testing.TB, addr string) *sskv.Client {
-	t.Helper()
-	id := strings.NewReplacer("/", "-").Replace(t.Name())
-	c, err := sskv.Dial(testCtx(t), sskv.Config{
-		Addr:         addr,
-		ClientID:     fmt.Sprintf("%s-%d", id, seq.Add(1)),
-		ReconnectMin: 10 * time.Millisecond,
-		ReconnectMax: 100 * time.Millisecond,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
+var (
+	testCtx    = storetest.Ctx
+	startStore = storetest.Start
+	dial       = storetest.Dial
+)
 
 func acquire(t testing.TB, c *sskv.Client, cfg lock.Config) *lock.Lock {
 	t.Helper()

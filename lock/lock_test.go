@@ -14,56 +14,23 @@ import (
 
 	"github.com/dsslock/dsslock/hlc"
 	"github.com/dsslock/dsslock/internal/faultproxy"
+	"github.com/dsslock/dsslock/internal/storetest"
 	"github.com/dsslock/dsslock/lock"
 	"github.com/dsslock/dsslock/sskv"
-	"github.com/dsslock/dsslock/sskv/localstore"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// waitTimeout bounds every wait in these tests: a failing test waits this
-// long, a passing one never does.
-const waitTimeout = 20 * time.Second
+const waitTimeout = storetest.WaitTimeout
 
-var seq atomic.Int64
-
-func testID(t testing.TB) string {
-	r := strings.NewReplacer("/", "-", ":", "-", " ", "_", "#", "-", "+", "-")
-	return fmt.Sprintf("%s-%d", r.Replace(t.Name()), seq.Add(1))
-}
-
-func startStore(t testing.TB) *localstore.Server {
-	t.Helper()
-	srv, err := localstore.Start(localstore.Config{})
-	if err != nil {
-		t.Fatalf("localstore.Start: %v", err)
-	}
-	t.Cleanup(func() { _ = srv.Close() })
-	return srv
-}
-
-func testCtx(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-func dial(t testing.TB, addr string) *sskv.Client {
-	t.Helper()
-	c, err := sskv.Dial(testCtx(t), sskv.Config{
-		Addr:         addr,
-		ClientID:     testID(t),
-		ReconnectMin: 10 * time.Millisecond,
-		ReconnectMax: 100 * time.Millisecond,
-	})
-	if err != nil {
-		t.Fatalf("Dial: %v", err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
+var (
+	testID     = storetest.ID
+	startStore = storetest.Start
+	testCtx    = storetest.Ctx
+	dial       = storetest.Dial
+)
 
 func newLock(t testing.TB, c *sskv.Client, cfg lock.Config) *lock.Lock {
 	t.Helper()

@@ -1,0 +1,64 @@
+// Package storetest holds the fixtures that the tests of the packages built
+// on sskv share: a local state store per test, clients dialled to it with
+// fast reconnects, and bounded contexts.
+package storetest
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dsslock/dsslock/sskv"
+	"github.com/dsslock/dsslock/sskv/localstore"
+)
+
+// WaitTimeout bounds every wait of a test: a failing test waits this long,
+// a passing one never does.
+const WaitTimeout = 20 * time.Second
+
+var seq atomic.Int64
+
+// ID returns a client id unique to this test run, derived from the test's
+// name.
+func ID(t testing.TB) string {
+	r := strings.NewReplacer("/", "-", ":", "-", " ", "_", "#", "-", "+", "-")
+	return fmt.Sprintf("%s-%d", r.Replace(t.Name()), seq.Add(1))
+}
+
+// Start starts a local state store that is closed when the test ends.
+func Start(t testing.TB) *localstore.Server {
+	t.Helper()
+	srv, err := localstore.Start(localstore.Config{})
+	if err != nil {
+		t.Fatalf("localstore.Start: %v", err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	return srv
+}
+
+// Ctx returns a context that ends after WaitTimeout, or when the test ends.
+func Ctx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), WaitTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// Dial connects a client to addr with fast reconnects; it is closed when
+// the test ends.
+func Dial(t testing.TB, addr string) *sskv.Client {
+	t.Helper()
+	c, err := sskv.Dial(Ctx(t), sskv.Config{
+		Addr:         addr,
+		ClientID:     ID(t),
+		ReconnectMin: 10 * time.Millisecond,
+		ReconnectMax: 100 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatalf("Dial: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
