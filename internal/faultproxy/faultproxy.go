@@ -138,7 +138,6 @@ func (p *Proxy) accept() {
 		if err != nil {
 			return // closed
 		}
-		p.accepted.Add(1)
 		p.wg.Add(1)
 		go p.serve(c)
 	}
@@ -164,6 +163,9 @@ func (p *Proxy) serve(c net.Conn) {
 		return
 	}
 	p.links[l] = struct{}{}
+	// Counted once registered: a Cut after Accepted has counted a
+	// connection always ends it.
+	p.accepted.Add(1)
 	p.mu.Unlock()
 	defer func() {
 		l.close()
