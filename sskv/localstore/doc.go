@@ -61,7 +61,10 @@
 //     Redis disconnects a slow pub/sub subscriber; a request it sends while
 //     at the limit is not executed (its PUBACK says 0x97). It is never left
 //     connected with messages silently dropped: a client that reconnects and
-//     re-registers its watches (as sskv does) is up to date again. The
+//     re-registers its watches (as sskv does) is up to date again. Messages
+//     not yet written when the DISCONNECT goes out stay in the client's
+//     session, as on any lost connection: a client that resumes its session
+//     gets them, one that starts clean does not. The
 //     broker's own queue of pending writes has the same size; should it
 //     drop a message anyway, the client is disconnected the same way.
 //   - Every write to a client's socket must complete within
