@@ -30,6 +30,7 @@ var (
 	startStore = storetest.Start
 	testCtx    = storetest.Ctx
 	dial       = storetest.Dial
+	waitFor    = storetest.Eventually
 )
 
 func newLock(t testing.TB, c *sskv.Client, cfg lock.Config) *lock.Lock {
@@ -194,19 +195,6 @@ func TestHandoverOnUnlock(t *testing.T) {
 	}
 	if h := holder(t, a); h.ID != b.HolderID() || !b.Token().After(a.Token()) {
 		t.Fatalf("Holder %+v, tokens a %v b %v", h, a.Token(), b.Token())
-	}
-}
-
-// waitFor polls cond, for state that has no event to wait on (the store's
-// view of a client's watches).
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitTimeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
 	}
 }
 

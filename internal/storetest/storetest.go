@@ -62,3 +62,17 @@ func Dial(t testing.TB, addr string) *sskv.Client {
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
+
+// Eventually polls cond until it holds, or fails the test after
+// WaitTimeout. It is for state that has no event to wait on, such as the
+// store's view of a client's watches or request count.
+func Eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(WaitTimeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
