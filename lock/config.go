@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 )
 
@@ -50,6 +51,25 @@ type Config struct {
 	// it must also cover the clock rate difference between holder and store.
 	RenewDeadline time.Duration
 
+	// FenceKey makes each holding fence the lock's own key with its token,
+	// and record the token and Value in the key beside HolderID. Then
+	// [Lock.Holder] reports the holder's token and value (not only who holds
+	// it), and [Lock.SetValue] can change the value while holding, safely:
+	// once the key is fenced, no request of an earlier holding can change or
+	// delete it. An acquisition then costs two requests: the SET NEX PX that
+	// takes the key and the fenced SET that records the token. Every holder
+	// of a lock must use the same FenceKey setting. Package leader sets it.
+	FenceKey bool
+
+	// Value is published with the holding when FenceKey is set (an address,
+	// say); it may be empty. Setting it without FenceKey is an error.
+	Value []byte
+
+	// OnRenewal, if set, is called after every renewal the Lock sends (not
+	// the acquisition) with how long it took and its error, if any: a hook for
+	// metrics. It is called from the renew loop and must not block.
+	OnRenewal func(latency time.Duration, err error)
+
 	// Logger receives the lock's logs (acquired, lost, released at Info;
 	// failed renewals at Debug). Default: discarded.
 	Logger *slog.Logger
@@ -69,6 +89,12 @@ func (cfg Config) withDefaults(clientID string) (Config, error) {
 		var b [8]byte
 		_, _ = rand.Read(b[:])
 		cfg.HolderID = clientID + "/" + hex.EncodeToString(b[:])
+	}
+	if strings.ContainsAny(cfg.HolderID, "\n") {
+		return cfg, configErr("HolderID %q contains a newline", cfg.HolderID)
+	}
+	if len(cfg.Value) > 0 && !cfg.FenceKey {
+		return cfg, configErr("Value needs FenceKey: only a fenced key can carry a value safely")
 	}
 	if cfg.TTL < 0 || cfg.RenewInterval < 0 || cfg.RenewDeadline < 0 {
 		return cfg, configErr("negative TTL, RenewInterval or RenewDeadline")

@@ -26,6 +26,19 @@
 // missed changes and the waiter checks at once; as a last safeguard it also
 // checks after 10 TTLs without news.
 //
+// # Fenced keys and published values
+//
+// With Config.FenceKey, each holding also fences the lock's own key with its
+// token (a second SET right after the one that takes the key) and records
+// the token and a published value (Config.Value) in it, as
+// "HolderID\ntoken\nvalue". [Lock.Holder] and [ParseHolder] then report
+// who holds the lock, since which token, and what it publishes, and
+// [Lock.SetValue] changes the value without releasing the lock. The fence is
+// what makes changing the value safe: the store refuses any write carrying
+// an older token, so a request of an earlier holding that arrives late can
+// never overwrite the current holder's record. Package leader builds on
+// this.
+//
 // # Guarantees
 //
 // The rules, learnt from the outages of other lock services:

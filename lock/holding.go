@@ -24,10 +24,14 @@ type holding struct {
 	loop   chan struct{} // closed when the renew loop has returned; nil if there is none
 	timer  *time.Timer   // loses the holding at expires
 
+	writeMu sync.Mutex // one renewal or SetValue at a time
+
 	mu      sync.Mutex
 	ended   bool
 	expires time.Time // last successful renewal (or acquisition) sent + RenewDeadline
 	lastErr error     // of the renewals since the last successful one
+	rec     []byte    // the key's value while this holding lasts
+	rewrite bool      // rec changed (SetValue) and may not be in the key yet
 }
 
 // endedHolding is the holding of a Lock that holds nothing yet: ended, with
@@ -38,9 +42,9 @@ func endedHolding(cause error) *holding {
 	return &holding{ctx: ctx, cancel: cancel, ended: true}
 }
 
-// newHolding starts the holding of token, acquired by a SET sent at sent.
-// The caller starts its renew loop.
-func newHolding(l *Lock, token hlc.Timestamp, sent time.Time) *holding {
+// newHolding starts the holding of token, acquired by a SET sent at sent
+// that wrote rec. The caller starts its renew loop.
+func newHolding(l *Lock, token hlc.Timestamp, rec []byte, sent time.Time) *holding {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	h := &holding{
 		l:       l,
@@ -50,9 +54,17 @@ func newHolding(l *Lock, token hlc.Timestamp, sent time.Time) *holding {
 		stop:    make(chan struct{}),
 		loop:    make(chan struct{}),
 		expires: sent.Add(l.cfg.RenewDeadline),
+		rec:     rec,
 	}
 	h.timer = time.AfterFunc(time.Until(h.expires), h.deadline)
 	return h
+}
+
+// record returns the key's value while this holding lasts.
+func (h *holding) record() []byte {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.rec
 }
 
 func (h *holding) live() bool {
@@ -157,9 +169,74 @@ func (h *holding) renewed(sent time.Time) bool {
 	return true
 }
 
-// renewLoop renews the lease every RenewInterval (SET NEX PX with the same
-// value), and sooner after a failure, until the holding ends. Each renewal
-// is bounded by the renew deadline, so it never outlasts the holding.
+// errEnded: the holding has ended (lost or released) while a write for it
+// was under way or about to start.
+var errEnded = errors.New("lock: holding ended")
+
+// write sends one renewal of the holding with rec as the key's value: SET
+// NEX PX, fenced with the token under FenceKey; or, when rec is new
+// (SetValue), an unconditional SET fenced with the token. It reports when it
+// was sent. It returns nil when the lease was renewed, errEnded when the
+// holding ended (now or before), and otherwise the request's error: the
+// outcome is unknown, and the next write, of the same rec, settles it.
+func (h *holding) write(ctx context.Context, rec []byte) (time.Time, error) {
+	l := h.l
+	h.writeMu.Lock()
+	defer h.writeMu.Unlock()
+	h.mu.Lock()
+	if h.ended {
+		h.mu.Unlock()
+		return time.Time{}, errEnded
+	}
+	if rec != nil {
+		h.rec, h.rewrite = rec, true
+	}
+	rec, rewrite, expires := h.rec, h.rewrite, h.expires
+	h.mu.Unlock()
+
+	ctx, cancel := context.WithDeadline(ctx, expires)
+	defer cancel()
+	stop := context.AfterFunc(h.ctx, cancel)
+	defer stop()
+	opts := sskv.SetOptions{Condition: sskv.IfEqualOrNotExists, Expiry: l.cfg.TTL}
+	if l.cfg.FenceKey {
+		opts.FencingToken = h.token
+		if rewrite {
+			opts.Condition = sskv.Always
+		}
+	}
+	sent := time.Now()
+	res, err := l.c.Set(ctx, l.cfg.Name, rec, opts)
+	switch {
+	case err == nil && res.Applied:
+		h.mu.Lock()
+		h.rewrite = false
+		h.mu.Unlock()
+		if !h.renewed(sent) {
+			return sent, errEnded
+		}
+		return sent, nil
+	case err == nil:
+		h.lose(fmt.Errorf("%w (key version %v)", ErrHeldByOther, res.Version))
+		return sent, errEnded
+	case errors.Is(err, sskv.ErrFencingTokenLower):
+		h.lose(fmt.Errorf("%w (a newer token fences the key)", ErrHeldByOther))
+		return sent, errEnded
+	case errors.Is(err, sskv.ErrClosed):
+		h.lose(fmt.Errorf("%w: %w", ErrClosed, err))
+		return sent, errEnded
+	case h.ctx.Err() != nil: // ended while writing
+		return sent, errEnded
+	}
+	h.mu.Lock()
+	h.lastErr = err
+	h.mu.Unlock()
+	return sent, err
+}
+
+// renewLoop renews the lease every RenewInterval, and sooner after a
+// failure, until the holding ends. Each renewal is bounded by the renew
+// deadline, so it never outlasts the holding.
 func (h *holding) renewLoop() {
 	defer close(h.loop)
 	l := h.l
@@ -180,37 +257,23 @@ func (h *holding) renewLoop() {
 			return
 		case <-next.C:
 		}
-		h.mu.Lock()
-		expires := h.expires
-		h.mu.Unlock()
-		ctx, cancel := context.WithDeadline(h.ctx, expires)
-		sent := time.Now()
-		res, err := l.c.Set(ctx, l.cfg.Name, l.value, sskv.SetOptions{
-			Condition: sskv.IfEqualOrNotExists,
-			Expiry:    l.cfg.TTL,
-		})
-		cancel()
-		switch {
-		case err == nil && res.Applied:
-			if !h.renewed(sent) {
-				return
+		sent, err := h.write(h.ctx, nil)
+		if l.cfg.OnRenewal != nil && !sent.IsZero() {
+			rerr := err
+			if errors.Is(err, errEnded) {
+				rerr = h.err()
 			}
+			l.cfg.OnRenewal(time.Since(sent), rerr)
+		}
+		switch {
+		case err == nil:
 			retry.Reset()
 			next.Reset(l.cfg.RenewInterval - time.Since(sent))
-		case err == nil:
-			h.lose(fmt.Errorf("%w (key version %v)", ErrHeldByOther, res.Version))
-			return
-		case errors.Is(err, sskv.ErrClosed):
-			h.lose(fmt.Errorf("%w: %w", ErrClosed, err))
-			return
-		case h.ctx.Err() != nil: // ended while renewing
+		case errors.Is(err, errEnded):
 			return
 		default:
 			// The outcome is unknown; the next renewal, with the same value,
 			// is harmless whether or not this one was applied.
-			h.mu.Lock()
-			h.lastErr = err
-			h.mu.Unlock()
 			l.log.Debug("renewal failed; retrying", "error", err)
 			next.Reset(retry.NextBackOff())
 		}

@@ -1,10 +1,12 @@
 package lock
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -23,16 +25,25 @@ import (
 // Err and Token then refer to the new holding. Its methods are safe for
 // concurrent use; acquisitions and releases of one Lock take turns.
 type Lock struct {
-	c     *sskv.Client
-	cfg   Config
-	value []byte
-	log   *slog.Logger
+	c   *sskv.Client
+	cfg Config
+	log *slog.Logger
 
 	turn chan struct{} // holds a token while an acquisition or release runs
+	// undo lists the deletes that give the key back after an acquisition
+	// whose outcome is unknown. Guarded by the turn.
+	undo []undoDel
 
 	mu     sync.Mutex
 	cur    *holding // the latest holding; never nil (see notHeld)
+	val    []byte   // the value published (FenceKey)
 	closed bool
+}
+
+// undoDel is a VDEL that gives the key back if it still holds rec.
+type undoDel struct {
+	rec []byte
+	ft  hlc.Timestamp
 }
 
 // New returns a Lock on cfg.Name that acquires it through c. It sends
@@ -47,11 +58,11 @@ func New(c *sskv.Client, cfg Config) (*Lock, error) {
 		return nil, err
 	}
 	l := &Lock{
-		c:     c,
-		cfg:   cfg,
-		value: []byte(cfg.HolderID),
-		log:   cfg.Logger.With("lock", cfg.Name, "holder", cfg.HolderID),
-		turn:  make(chan struct{}, 1),
+		c:    c,
+		cfg:  cfg,
+		log:  cfg.Logger.With("lock", cfg.Name, "holder", cfg.HolderID),
+		turn: make(chan struct{}, 1),
+		val:  bytes.Clone(cfg.Value),
 	}
 	l.cur = endedHolding(ErrNotHeld)
 	return l, nil
@@ -60,7 +71,7 @@ func New(c *sskv.Client, cfg Config) (*Lock, error) {
 // Name returns the key of the lock.
 func (l *Lock) Name() string { return l.cfg.Name }
 
-// HolderID returns the value this Lock writes to the key while it holds it.
+// HolderID returns the id this Lock writes to the key while it holds it.
 func (l *Lock) HolderID() string { return l.cfg.HolderID }
 
 // Config returns the Lock's configuration, with defaults filled in.
@@ -199,17 +210,36 @@ func (l *Lock) Fenced(err error) {
 	l.holding().lose(fmt.Errorf("%w: %w", ErrFenced, err))
 }
 
-// Holder is who holds a lock, as the store has it.
-type Holder struct {
-	// ID is the holder's HolderID; empty when the lock is free.
-	ID string
-	// Version is the key's version: that of the holder's latest renewal, at
-	// or after the holder's fencing token. Zero when the lock is free.
-	Version hlc.Timestamp
+// SetValue changes the value this Lock publishes in its key (Config.Value)
+// while it holds the lock, without releasing it: one SET, fenced with the
+// holding's token, which also renews the lease. It needs Config.FenceKey.
+// The fence makes it safe: if another holder has taken over, the store
+// refuses the write and the holding ends as lost (ErrHeldByOther).
+//
+// It returns an error wrapping ErrNotHeld (or why the holding ended) if the
+// Lock does not hold the lock. Any other error means the outcome is
+// unknown; the Lock then writes the new value with its next renewal.
+func (l *Lock) SetValue(ctx context.Context, value []byte) error {
+	if !l.cfg.FenceKey {
+		return l.wrap("set value", configErr("SetValue needs Config.FenceKey"))
+	}
+	if err := l.begin(ctx); err != nil {
+		return err
+	}
+	defer l.end()
+	h := l.holding()
+	if err := h.check(); err != nil {
+		return l.wrap("set value", err)
+	}
+	value = bytes.Clone(value)
+	l.mu.Lock()
+	l.val = value
+	l.mu.Unlock()
+	if _, err := h.write(ctx, l.record(h.token, value)); err != nil {
+		return l.wrap("set value", err)
+	}
+	return nil
 }
-
-// Held reports whether anyone holds the lock.
-func (h Holder) Held() bool { return h.ID != "" || !h.Version.IsZero() }
 
 // Holder reads who holds the lock now (GET). It works whether or not this
 // Lock holds it.
@@ -218,10 +248,7 @@ func (l *Lock) Holder(ctx context.Context) (Holder, error) {
 	if err != nil {
 		return Holder{}, l.wrap("holder", err)
 	}
-	if !res.Found {
-		return Holder{}, nil
-	}
-	return Holder{ID: string(res.Value), Version: res.Version}, nil
+	return ParseHolder(res.Value, res.Version), nil
 }
 
 // begin takes the Lock's turn for an acquisition or release.
@@ -251,20 +278,50 @@ func (l *Lock) holding() *holding {
 
 // attempt sends one acquisition and, when it applies, starts the holding. It
 // reports whether the Lock holds the key. The caller has the turn.
+//
+// With FenceKey it takes two requests: the SET NEX PX that takes the key,
+// whose version is the token, then a SET fenced with the token that writes
+// it into the key. Until the second is applied, nobody holds the lock: the
+// first does not fence the key, so it cannot exclude a delayed request of
+// an earlier holding.
 func (l *Lock) attempt(ctx context.Context) (bool, error) {
 	if h := l.holding(); h.live() {
 		return false, ErrAlreadyHeld
 	}
+	val := l.value()
+	rec := l.record(hlc.Timestamp{}, val)
+	l.undo = []undoDel{{rec: rec}}
 	sent := time.Now()
-	res, err := l.c.Set(ctx, l.cfg.Name, l.value, sskv.SetOptions{
+	res, err := l.c.Set(ctx, l.cfg.Name, rec, sskv.SetOptions{
 		Condition: sskv.IfEqualOrNotExists,
 		Expiry:    l.cfg.TTL,
 	})
-	if err != nil {
+	switch {
+	case errors.Is(err, sskv.ErrFencingTokenRequired):
+		l.undo = nil
+		return false, nil // a holder with FenceKey has the key
+	case err != nil:
 		return false, err
-	}
-	if !res.Applied {
+	case !res.Applied:
+		l.undo = nil
 		return false, nil
+	}
+	token := res.Version
+	if l.cfg.FenceKey {
+		rec = l.record(token, val)
+		l.undo = append(l.undo, undoDel{rec: rec, ft: token})
+		fctx, cancel := context.WithDeadline(ctx, sent.Add(l.cfg.RenewDeadline))
+		_, err := l.c.Set(fctx, l.cfg.Name, rec, sskv.SetOptions{
+			Expiry:       l.cfg.TTL,
+			FencingToken: token,
+		})
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil && fctx.Err() != nil {
+				err = errAnsweredLate
+			}
+			return false, err
+		}
 	}
 	if time.Since(sent) >= l.cfg.RenewDeadline {
 		// The answer came too late to promise anything: the holding would be
@@ -272,13 +329,20 @@ func (l *Lock) attempt(ctx context.Context) (bool, error) {
 		l.log.Warn("acquisition answered after the renew deadline", "after", time.Since(sent))
 		return false, errAnsweredLate
 	}
-	h := newHolding(l, res.Version, sent)
+	l.undo = nil
+	h := newHolding(l, token, rec, sent)
 	l.mu.Lock()
 	l.cur = h
 	l.mu.Unlock()
-	l.log.Info("acquired", "token", res.Version)
+	l.log.Info("acquired", "token", token)
 	go h.renewLoop()
 	return true, nil
+}
+
+func (l *Lock) value() []byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.val
 }
 
 // errAnsweredLate: an acquisition applied, but its answer came after the
@@ -293,12 +357,19 @@ var errAnsweredLate = errors.New("lock: acquisition answered after the renew dea
 // otherwise undo. It is bounded by the TTL, after which the key would be
 // gone anyway.
 func (l *Lock) abandonThenEnd() {
+	undo := l.undo
+	l.undo = nil
 	go func() {
 		defer l.end()
 		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.TTL)
 		defer cancel()
-		if _, err := l.c.VDel(ctx, l.cfg.Name, l.value, sskv.DelOptions{}); err != nil {
-			l.log.Debug("could not delete the key after an unknown acquisition; it expires after the TTL", "error", err)
+		// The fenced record first: once it is gone, the unfenced one can be
+		// deleted without a token.
+		for _, u := range slices.Backward(undo) {
+			if _, err := l.c.VDel(ctx, l.cfg.Name, u.rec, sskv.DelOptions{FencingToken: u.ft}); err != nil &&
+				!errors.Is(err, sskv.ErrFencingTokenRequired) {
+				l.log.Debug("could not delete the key after an unknown acquisition; it expires after the TTL", "error", err)
+			}
 		}
 	}()
 }
@@ -313,7 +384,11 @@ func (l *Lock) release(ctx context.Context) error {
 	if !h.finish(ErrReleased) && errors.Is(h.err(), ErrReleased) {
 		return l.wrap("unlock", ErrNotHeld)
 	}
-	res, err := l.c.VDel(ctx, l.cfg.Name, l.value, sskv.DelOptions{})
+	var opts sskv.DelOptions
+	if l.cfg.FenceKey {
+		opts.FencingToken = h.token
+	}
+	res, err := l.c.VDel(ctx, l.cfg.Name, h.record(), opts)
 	if err != nil {
 		return l.wrap("unlock", err)
 	}
