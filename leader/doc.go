@@ -1,0 +1,81 @@
+// Package leader elects one leader among candidates on the Azure IoT
+// Operations state store: for active/standby services in which exactly one
+// replica must do the work, and another must take over within moments when
+// it stops.
+//
+//	t, err := leader.Campaign(ctx, client, "orders/leader", []byte("10.0.0.5:8080"))
+//	if err != nil { ... }                        // ctx ended; nothing left behind
+//	err = work(t.Context(), t)                   // cancelled the moment leadership is lost
+//	_ = t.Resign(context.Background())           // after work has returned: hands over at once
+//
+// or, to campaign again after each loss, with callbacks and a health check:
+//
+//	e, err := leader.NewElector(client, "orders/leader", addr, leader.WithTTL(5*time.Second))
+//	http.Handle("/healthz", e)
+//	err = e.Run(ctx, func(ctx context.Context, t *leader.Term) error { ... })
+//
+// # How it works
+//
+// An election is one key of the state store, held as a [lock.Lock] with
+// Config.FenceKey. A candidate takes it with SET NEX PX; the version the
+// store returns is its term's fencing token, which it then writes into the
+// key with a SET fenced with that token. Only then does Campaign return:
+// the key now reads "candidate id, token, value", and the store refuses any
+// write of it that carries an older token. The leader renews the key every
+// RenewInterval; [Term.Proclaim] rewrites its value (fenced, so it can
+// never overwrite a newer term's record); [Term.Resign] deletes it.
+//
+// Candidates that do not lead watch the key (KEYNOTIFY) and sleep: they send
+// no request while the leader renews. When the key is deleted, by a
+// resignation or by expiry, each of them tries at once, and one wins. After
+// a reconnect, a candidate checks at once; as a last safeguard, it checks
+// after 10 TTLs without news. Observers ([Observe]) watch the same key and
+// read its records; a client's campaign and observation of one election
+// share one registration with the store.
+//
+// # Guarantees
+//
+//   - Never "leader" without leading. Campaign returns a term only after the
+//     store applied both of its writes, within RenewDeadline of sending the
+//     first. A campaign that gives up, or whose last attempt had an unknown
+//     outcome, deletes what it may have written: no zombie candidate and no
+//     phantom leadership after a connection drops mid-campaign.
+//   - Lost is decided by the leader on its own monotonic clock, before the
+//     store can expire the key. If no renewal succeeds within RenewDeadline
+//     of sending the last successful one, the term ends: its Context is
+//     cancelled and Err wraps ErrLost and lock.ErrRenewDeadline. The store
+//     keeps the key for TTL - RenewDeadline more: the time the leader's work
+//     has to stop before another candidate can be elected. A renewal that
+//     finds a newer term ends it at once, and so does a fenced write that
+//     finds a newer token.
+//   - The key is given up only after the work has returned: a lost term
+//     never deletes the key by itself, and [Elector.Run] resigns only once
+//     the work of the term has returned.
+//   - Term tokens increase strictly from one term to the next. Writes
+//     fenced with a term's token (package fenced) are refused by the store
+//     once a later term has written the same keys, whatever the old leader
+//     believes; the old leader's Proclaim or renewal is refused the same way.
+//   - Observers see every change: the state at the start, each new term,
+//     each Proclaim, and "no leader". A change they may have missed (during
+//     a reconnect, or when they fell behind) comes as a State with Resync
+//     set, never as silence. A renewal is not a change.
+//
+// What it assumes and does not guarantee: the clocks of candidates and store
+// run at about the same rate (any NTP-kept clock does; their offset does not
+// matter up to the store's 60 s skew limit): TTL - RenewDeadline must exceed
+// their difference over a TTL. Work that ignores its context can still run
+// after another leader was elected; fencing keeps its writes out of the
+// keys it protects in the store, but not its effects elsewhere (files,
+// other services). A leader's request delayed in the network by more than
+// TTL - RenewDeadline can land after its term ended; fencing makes it
+// harmless to keys written by later terms, and an election key it re-creates
+// expires after one TTL.
+//
+// # Configuration
+//
+// TTL, renew interval and renew deadline follow [lock.Config]: 0 <
+// RenewInterval < RenewDeadline < TTL, in whole milliseconds; the defaults
+// are 10 s, TTL/3 and 2/3 TTL, as client-go's. A crashed leader is replaced
+// about TTL after its last renewal; a resigning one at once. Options are
+// functional ([Option]); those that do not apply to a call are ignored.
+package leader

@@ -1,0 +1,217 @@
+package leader
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/dsslock/dsslock/lock"
+	"github.com/dsslock/dsslock/sskv"
+)
+
+// Elector runs a candidate's work whenever it leads, in the spirit of
+// client-go's LeaderElector: campaign, run the work with the term's
+// context, stop it when leadership is lost, give the term up once the work
+// has returned, and campaign again. Create it with [NewElector]; it also
+// serves a health check ([Elector.Check], [Elector.ServeHTTP]).
+type Elector struct {
+	c        *sskv.Client
+	election string
+	value    []byte
+	o        options
+	log      *slog.Logger
+
+	mu   sync.Mutex
+	term *Term // while the work of a term runs
+	runs bool
+}
+
+// NewElector returns an Elector for a candidate of election that publishes
+// value. It sends nothing until Run. Invalid options give an error
+// wrapping ErrConfig.
+func NewElector(c *sskv.Client, election string, value []byte, opts ...Option) (*Elector, error) {
+	o := newOptions(opts)
+	if c == nil {
+		return nil, &electionError{election, "elector", fmt.Errorf("%w: nil sskv.Client", ErrConfig)}
+	}
+	// Validate the options as a term's lock would.
+	l, err := lock.New(c, o.lockConfig(election, value))
+	if err != nil {
+		return nil, &electionError{election, "elector", err}
+	}
+	cfg := l.Config()
+	if o.healthTolerance <= 0 {
+		o.healthTolerance = cfg.TTL - cfg.RenewDeadline
+	}
+	if o.logger == nil {
+		o.logger = slog.New(slog.DiscardHandler)
+	}
+	return &Elector{c: c, election: election, value: value, o: o, log: o.logger.With("election", election)}, nil
+}
+
+// Run campaigns and runs work while this candidate leads, until ctx ends
+// or work returns while still leading.
+//
+// work gets a context that ends when the term ends or ctx does, and the
+// term (for its token, fenced writers and Proclaim). When the term is
+// lost, Run waits for work to return, resigns (which deletes the key if it
+// is still this term's), and campaigns again. When ctx ends, Run waits for
+// work to return, resigns, and returns ctx's error. When work returns while
+// the term lasts, Run resigns and returns work's error (nil included): the
+// candidate has finished. The key is never released while work runs, so
+// two works never run at once, in this process or across candidates
+// (within the lease's guarantees; see the package doc).
+//
+// Run may be called again after it returned, but not concurrently.
+func (e *Elector) Run(ctx context.Context, work func(ctx context.Context, t *Term) error) error {
+	e.mu.Lock()
+	if e.runs {
+		e.mu.Unlock()
+		return &electionError{e.election, "run", errors.New("Run is already running")}
+	}
+	e.runs = true
+	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		e.runs = false
+		e.mu.Unlock()
+	}()
+
+	var observed sync.WaitGroup
+	defer observed.Wait()
+	octx, stopObserving := context.WithCancel(ctx)
+	defer stopObserving()
+	if e.o.onNewLeader != nil || e.o.metrics.Leaderless != nil {
+		states, err := Observe(octx, e.c, e.election)
+		if err != nil {
+			return &electionError{e.election, "run", err}
+		}
+		observed.Go(func() { e.observe(states) })
+	}
+
+	for {
+		t, err := campaign(ctx, e.c, e.election, e.value, &e.o)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return err
+		}
+		e.log.Info("elected", "candidate", t.CandidateID(), "token", t.Token())
+		e.setTerm(t)
+		if e.o.onStarted != nil {
+			e.o.onStarted(t)
+		}
+
+		wctx, cancel := context.WithCancelCause(t.Context())
+		stop := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
+		werr := work(wctx, t)
+		stop()
+		cancel(nil)
+		lost := t.Err() // nil if the term lasted until work returned
+
+		// The work has returned: now the key may go.
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), e.ttl())
+		if err := t.Resign(rctx); err != nil {
+			e.log.Warn("could not resign; the term's key expires after the TTL", "error", err)
+		}
+		rcancel()
+		e.setTerm(nil)
+		if e.o.onStopped != nil {
+			e.o.onStopped(t.Err())
+		}
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case lost != nil:
+			e.log.Warn("leadership lost; campaigning again", "token", t.Token(), "reason", lost)
+		default:
+			return werr
+		}
+	}
+}
+
+func (e *Elector) ttl() time.Duration {
+	if e.o.ttl > 0 {
+		return e.o.ttl
+	}
+	return lock.DefaultTTL
+}
+
+func (e *Elector) setTerm(t *Term) {
+	e.mu.Lock()
+	e.term = t
+	e.mu.Unlock()
+}
+
+// observe reports the election's changes to the OnNewLeader callback and
+// the Leaderless metric.
+func (e *Elector) observe(states <-chan State) {
+	var since time.Time // when this Elector last saw nobody leading
+	for s := range states {
+		switch {
+		case !s.HasLeader() && since.IsZero():
+			since = time.Now()
+		case s.HasLeader() && !since.IsZero():
+			if e.o.metrics.Leaderless != nil {
+				e.o.metrics.Leaderless(time.Since(since))
+			}
+			since = time.Time{}
+		}
+		if e.o.onNewLeader != nil {
+			e.o.onNewLeader(s)
+		}
+	}
+}
+
+// Term returns the term whose work runs now, or nil.
+func (e *Elector) Term() *Term {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.term
+}
+
+// Leading reports whether this candidate leads now: its work runs and its
+// term has not ended.
+func (e *Elector) Leading() bool {
+	t := e.Term()
+	if t == nil {
+		return false
+	}
+	_, err := t.FencingToken()
+	return err == nil
+}
+
+// Check is a health check, as client-go's HealthzAdaptor: it returns an
+// error when this process acts as leader without being one, that is, when
+// the work of a term still runs longer than the health tolerance after the
+// term ended (its renewals stopped succeeding, or it was lost otherwise).
+// Not leading is healthy.
+func (e *Elector) Check() error {
+	t := e.Term()
+	if t == nil {
+		return nil
+	}
+	if _, err := t.FencingToken(); err == nil {
+		return nil
+	}
+	if since := time.Since(t.endedAt()); !t.endedAt().IsZero() && since > e.o.healthTolerance {
+		return fmt.Errorf("leader %q: the term ended %v ago (%v) and its work has not returned", e.election, since.Round(time.Millisecond), t.Err())
+	}
+	return nil
+}
+
+// ServeHTTP serves Check: 200 "ok", or 503 and the error.
+func (e *Elector) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if err := e.Check(); err != nil {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = fmt.Fprintln(w, err)
+		return
+	}
+	_, _ = fmt.Fprintln(w, "ok")
+}

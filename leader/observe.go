@@ -1,0 +1,167 @@
+package leader
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+
+	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/lock"
+	"github.com/dsslock/dsslock/sskv"
+)
+
+// State is the leadership of an election as observers see it.
+type State struct {
+	// ID is the leader's candidate id; empty when nobody leads.
+	ID string
+	// Value is what the leader publishes (Campaign's value, then Proclaim's).
+	Value []byte
+	// Token is the leader's term token; zero when nobody leads.
+	Token hlc.Timestamp
+	// Resync marks a State that Observe reports in place of changes it may
+	// have missed one by one (a reconnect, or a consumer that fell behind).
+	Resync bool
+}
+
+// HasLeader reports whether someone leads.
+func (s State) HasLeader() bool { return !s.Token.IsZero() }
+
+// same reports whether s and u are the same leadership (Resync aside).
+func (s State) same(u State) bool {
+	return s.ID == u.ID && s.Token == u.Token && bytes.Equal(s.Value, u.Value)
+}
+
+// stateOf reads the election's key. A candidate that has taken the key
+// but not yet recorded its token is not leading yet.
+func stateOf(value []byte, version hlc.Timestamp) State {
+	h := lock.ParseHolder(value, version)
+	if h.Token.IsZero() {
+		return State{}
+	}
+	return State{ID: h.ID, Value: h.Value, Token: h.Token}
+}
+
+// Leader returns who leads the election now (one GET). A State without a
+// leader is not an error.
+func Leader(ctx context.Context, c *sskv.Client, election string) (State, error) {
+	res, err := c.Get(ctx, election)
+	if err != nil {
+		return State{}, &electionError{election, "leader", err}
+	}
+	return stateOf(res.Value, res.Version), nil
+}
+
+// observeQueue is how many changes Observe holds for a consumer that is
+// not reading; beyond it, changes are coalesced into one Resync state.
+const observeQueue = 64
+
+// Observe reports the leadership of the election: first its state now,
+// then each change (a new term, a Proclaim, nobody leading) in order. It
+// sends no request while a leader merely renews.
+//
+// It survives reconnects: a change that happened while the connection was
+// down is reported as a State with Resync set, never skipped silently. A
+// consumer that falls behind by more than 64 changes gets the latest
+// state, with Resync set, in place of the ones it missed. The channel is
+// closed when ctx ends or the client is closed. The error is that of the
+// first registration of the watch.
+func Observe(ctx context.Context, c *sskv.Client, election string, opts ...Option) (<-chan State, error) {
+	o := newOptions(opts)
+	log := o.logger
+	w, first, version, err := watchAndRead(ctx, c, election)
+	if err != nil {
+		return nil, &electionError{election, "observe", err}
+	}
+	out := make(chan State)
+	go func() {
+		defer close(out)
+		var (
+			queue   = []State{first}
+			last    = first
+			retry   = backoff.NewExponentialBackOff()
+			rewatch <-chan time.Time // fires when it is time to watch again
+		)
+		retry.InitialInterval = 10 * time.Millisecond
+		retry.MaxInterval = time.Second
+		retry.MaxElapsedTime = 0
+		push := func(s State) {
+			if s.same(last) {
+				return
+			}
+			last = s
+			if len(queue) >= observeQueue {
+				queue = queue[:observeQueue-1]
+				s.Resync = true
+			}
+			queue = append(queue, s)
+		}
+		for {
+			var send chan State
+			var next State
+			if len(queue) > 0 {
+				send, next = out, queue[0]
+			}
+			var events <-chan sskv.Event
+			if w != nil {
+				events = w.Events()
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case send <- next:
+				queue = queue[1:]
+			case ev, ok := <-events:
+				if !ok {
+					if errors.Is(w.Err(), sskv.ErrClosed) || ctx.Err() != nil {
+						return
+					}
+					if log != nil {
+						log.Debug("observe: watch ended; watching again", "election", election, "error", w.Err())
+					}
+					w = nil
+					rewatch = time.After(retry.NextBackOff())
+					continue
+				}
+				if !ev.Resync && !ev.Version.IsZero() && !ev.Version.After(version) {
+					continue // older than the state read at the start
+				}
+				version = ev.Version
+				s := stateOf(ev.Value, ev.Version)
+				s.Resync = ev.Resync
+				push(s)
+			case <-rewatch:
+				nw, s, v, err := watchAndRead(ctx, c, election)
+				if err != nil {
+					if errors.Is(err, sskv.ErrClosed) {
+						return
+					}
+					rewatch = time.After(retry.NextBackOff())
+					continue
+				}
+				retry.Reset()
+				w, version, rewatch = nw, v, nil
+				s.Resync = true
+				push(s)
+			}
+		}
+	}()
+	return out, nil
+}
+
+// watchAndRead watches the election's key and then reads it, so that no
+// change after the read is missed. It also returns the key's version.
+func watchAndRead(ctx context.Context, c *sskv.Client, election string) (*sskv.Watcher, State, hlc.Timestamp, error) {
+	w, err := c.Watch(ctx, election)
+	if err != nil {
+		return nil, State{}, hlc.Timestamp{}, err
+	}
+	res, err := c.Get(ctx, election)
+	if err != nil {
+		w.Stop()
+		return nil, State{}, hlc.Timestamp{}, err
+	}
+	return w, stateOf(res.Value, res.Version), res.Version, nil
+}

@@ -1,0 +1,115 @@
+package leader
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/dsslock/dsslock/lock"
+)
+
+// An Option configures [Campaign], [NewElector] and [Observe]. Options that
+// do not apply to a call are ignored by it.
+type Option func(*options)
+
+type options struct {
+	ttl, renewInterval, renewDeadline time.Duration
+	candidateID                       string
+	logger                            *slog.Logger
+	metrics                           Metrics
+	onStarted                         func(*Term)
+	onStopped                         func(error)
+	onNewLeader                       func(State)
+	healthTolerance                   time.Duration
+}
+
+// WithTTL sets the lease of a term: a crashed leader is replaced about TTL
+// after its last renewal. Default 10 s. TTL, renew interval and renew
+// deadline follow the rules of [lock.Config].
+func WithTTL(d time.Duration) Option { return func(o *options) { o.ttl = d } }
+
+// WithRenewInterval sets how often a leader renews its term. Default TTL/3.
+func WithRenewInterval(d time.Duration) Option {
+	return func(o *options) { o.renewInterval = d }
+}
+
+// WithRenewDeadline sets how long after the last successful renewal was
+// sent a leader gives up its term, on its own clock, before the store can
+// expire it. Default 2/3 TTL.
+func WithRenewDeadline(d time.Duration) Option {
+	return func(o *options) { o.renewDeadline = d }
+}
+
+// WithCandidateID sets the id a candidate writes in the election's key,
+// which observers see as [State.ID]. It must be unique among the
+// candidates and contain no newline. Default: the sskv client id, "/" and
+// 16 random hex digits, new for each campaign.
+func WithCandidateID(id string) Option { return func(o *options) { o.candidateID = id } }
+
+// WithLogger sets the logger of campaigns and terms (elected, lost,
+// resigned at Info). Default: discarded.
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// WithMetrics sets hooks for metrics; see [Metrics].
+func WithMetrics(m Metrics) Option { return func(o *options) { o.metrics = m } }
+
+// OnStartedLeading sets a function that [Elector.Run] calls when this
+// candidate is elected, before it runs the work with the term.
+func OnStartedLeading(f func(*Term)) Option { return func(o *options) { o.onStarted = f } }
+
+// OnStoppedLeading sets a function that [Elector.Run] calls after the work
+// of a term has returned and the term was given up; its argument is why
+// the term ended: an error wrapping [ErrLost], or [ErrResigned].
+func OnStoppedLeading(f func(error)) Option { return func(o *options) { o.onStopped = f } }
+
+// OnNewLeader sets a function that [Elector.Run] calls for each change of
+// leadership it observes (this candidate or another, or nobody), as
+// [Observe] reports them, from one goroutine, in order.
+func OnNewLeader(f func(State)) Option { return func(o *options) { o.onNewLeader = f } }
+
+// WithHealthTolerance sets how long [Elector.Check] tolerates the work of a
+// term that has ended and has not returned yet before it reports the
+// process unhealthy. Default: TTL - RenewDeadline, the time after which
+// another candidate can have taken over.
+func WithHealthTolerance(d time.Duration) Option {
+	return func(o *options) { o.healthTolerance = d }
+}
+
+// Metrics are hooks for metrics, to bridge to Prometheus, OpenTelemetry or
+// anything else without this package depending on them. Nil fields are
+// skipped. They are called synchronously and must not block.
+type Metrics struct {
+	// Leading is called with true when this candidate starts leading and
+	// with false when its term ends: a gauge, and a count of transitions.
+	Leading func(leading bool)
+	// Renewal is called after each renewal of a term, with its latency and
+	// error.
+	Renewal func(latency time.Duration, err error)
+	// Leaderless is called by an Elector when it observes a leader after a
+	// time without one, with the length of that time as it observed it.
+	Leaderless func(d time.Duration)
+}
+
+func newOptions(opts []Option) options {
+	var o options
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
+		}
+	}
+	return o
+}
+
+// lockConfig is the configuration of the lock of a candidate's term.
+func (o *options) lockConfig(election string, value []byte) lock.Config {
+	return lock.Config{
+		Name:          election,
+		HolderID:      o.candidateID,
+		TTL:           o.ttl,
+		RenewInterval: o.renewInterval,
+		RenewDeadline: o.renewDeadline,
+		FenceKey:      true,
+		Value:         value,
+		OnRenewal:     o.metrics.Renewal,
+		Logger:        o.logger,
+	}
+}

@@ -1,0 +1,153 @@
+package leader
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/lock"
+	"github.com/dsslock/dsslock/sskv"
+)
+
+// Campaign blocks until this candidate leads the election (the state store
+// key named election) and returns its term, publishing value (an address,
+// say) for observers. It returns an error only if ctx ends first (or the
+// client is closed, or the options are invalid); a campaign that gives up
+// leaves no key behind, even if its last attempt had an unknown outcome.
+//
+// While another candidate leads, Campaign sleeps on the key's notifications
+// and sends no request; it tries at once when the key is deleted, by a
+// resignation or by expiry. When the election is free, it costs two
+// requests: the SET that takes the key and the fenced SET that records the
+// term's token in it.
+func Campaign(ctx context.Context, c *sskv.Client, election string, value []byte, opts ...Option) (*Term, error) {
+	o := newOptions(opts)
+	return campaign(ctx, c, election, value, &o)
+}
+
+func campaign(ctx context.Context, c *sskv.Client, election string, value []byte, o *options) (*Term, error) {
+	l, err := lock.New(c, o.lockConfig(election, value))
+	if err != nil {
+		return nil, &electionError{election, "campaign", err}
+	}
+	if err := l.Lock(ctx); err != nil {
+		return nil, &electionError{election, "campaign", err}
+	}
+	t := &Term{l: l, election: election, token: l.Token(), value: bytes.Clone(value)}
+	context.AfterFunc(l.Context(), func() {
+		t.ended.Store(time.Now())
+		if o.metrics.Leading != nil {
+			o.metrics.Leading(false)
+		}
+	})
+	if o.metrics.Leading != nil {
+		o.metrics.Leading(true)
+	}
+	return t, nil
+}
+
+// Term is one candidate's leadership, from its election to its loss or
+// resignation. It is a token source for package fenced: writes fenced with
+// it are refused once a newer term has written the same keys.
+//
+// Its methods are safe for concurrent use.
+type Term struct {
+	l        *lock.Lock
+	election string
+	token    hlc.Timestamp
+	ended    atomic.Value // time.Time: when the term ended
+
+	mu    sync.Mutex
+	value []byte
+}
+
+// Election returns the name of the election.
+func (t *Term) Election() string { return t.election }
+
+// CandidateID returns the id this candidate wrote in the election's key.
+func (t *Term) CandidateID() string { return t.l.HolderID() }
+
+// Token returns the term's fencing token: the version the store gave the
+// election's key when this candidate took it. A later term's token is
+// always greater. It stays readable after the term ended.
+func (t *Term) Token() hlc.Timestamp { return t.token }
+
+// Value returns the value the leader publishes, as of its last Proclaim.
+func (t *Term) Value() []byte {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return bytes.Clone(t.value)
+}
+
+// Context returns a context cancelled the moment the term ends (lost or
+// resigned); context.Cause of it is Err. Give it to the leader's work.
+func (t *Term) Context() context.Context { return t.l.Context() }
+
+// Done returns a channel closed when the term ends.
+func (t *Term) Done() <-chan struct{} { return t.l.Done() }
+
+// Err returns nil while this candidate leads, and otherwise why the term
+// ended: an error wrapping ErrLost and its reason (lock.ErrRenewDeadline,
+// lock.ErrHeldByOther, lock.ErrFenced, lock.ErrClosed), or ErrResigned.
+func (t *Term) Err() error { return t.l.Err() }
+
+// FencingToken returns the token to fence a write with, or an error if the
+// term has ended. It checks the renew deadline on the monotonic clock
+// itself, so a leader that wakes from a pause finds its term over before
+// its first write. Package fenced calls it for every write.
+func (t *Term) FencingToken() (hlc.Timestamp, error) { return t.l.FencingToken() }
+
+// Fenced ends the term as lost (lock.ErrFenced): a write fenced with its
+// token was refused because a newer term has written the key. Package
+// fenced calls it.
+func (t *Term) Fenced(err error) { t.l.Fenced(err) }
+
+// Proclaim changes the value the leader publishes without giving up
+// leadership: one SET of the election's key, fenced with the term's token,
+// which also renews the term. The fence guarantees it never overwrites
+// another candidate's record: if a newer term holds the key, the store
+// refuses the write, and this term ends as lost.
+//
+// An error wrapping ErrLost or ErrResigned means the term has ended. Any
+// other error means the outcome is unknown; the term then writes the new
+// value with its next renewal.
+func (t *Term) Proclaim(ctx context.Context, value []byte) error {
+	if err := t.l.SetValue(ctx, value); err != nil {
+		return &electionError{t.election, "proclaim", err}
+	}
+	t.mu.Lock()
+	t.value = bytes.Clone(value)
+	t.mu.Unlock()
+	return nil
+}
+
+// Resign ends the term and deletes the election's key if it is still this
+// term's, so another candidate takes over at once, without waiting for the
+// TTL. Call it after the work the term guarded has returned. Resigning a
+// term that was lost still deletes the key if it is still this term's; a
+// term is resigned once, and later calls return nil. An error from the
+// store means the outcome of the delete is unknown: the key then expires
+// after at most the TTL.
+func (t *Term) Resign(ctx context.Context) error {
+	err := t.l.Unlock(ctx)
+	if errors.Is(err, lock.ErrNotHeld) || errors.Is(err, lock.ErrClosed) {
+		err = nil
+	}
+	if cerr := t.l.Close(ctx); err == nil && !errors.Is(cerr, lock.ErrNotHeld) {
+		err = cerr
+	}
+	if err != nil {
+		return &electionError{t.election, "resign", err}
+	}
+	return nil
+}
+
+// endedAt returns when the term ended; zero while it lasts.
+func (t *Term) endedAt() time.Time {
+	v, _ := t.ended.Load().(time.Time)
+	return v
+}
