@@ -91,14 +91,23 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 // that a failing test prints (the store's log since the test started and the
 // SDK clients' debug logs, which include every MQTT packet they sent and got).
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	ctx    context.Context
 	sdkLog *lineLog
+	// quiet discards the SDK clients' logs instead of keeping them at debug
+	// level: benchmarks measure the SDK, not the formatting of its log.
+	quiet bool
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	return newEnvTimeout(t, testTimeout)
+}
+
+// newEnvTimeout is newEnv with a deadline of d for every SDK call.
+func newEnvTimeout(t testing.TB, d time.Duration) *env {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	e := &env{t: t, ctx: ctx, sdkLog: &lineLog{}}
 	mark := storeLog.len()
 	// Registered first, so it runs last: after the clients have closed.
@@ -117,7 +126,7 @@ func newEnv(t *testing.T) *env {
 	return e
 }
 
-func logTail(t *testing.T, title string, lines []string) {
+func logTail(t testing.TB, title string, lines []string) {
 	t.Helper()
 	skipped := 0
 	if len(lines) > dumpTail {
@@ -176,6 +185,9 @@ func (e *env) newClient(name string) *client {
 		e.sdkLog.writer(""),
 		&slog.HandlerOptions{Level: slog.LevelDebug},
 	)).With("client", id)
+	if e.quiet {
+		logger = slog.New(slog.DiscardHandler)
+	}
 
 	app, err := protocol.NewApplication(protocol.WithLogger(logger))
 	if err != nil {
