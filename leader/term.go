@@ -116,7 +116,11 @@ func (t *Term) Fenced(err error) { t.l.Fenced(err) }
 // other error means the outcome is unknown; the term then writes the new
 // value with its next renewal.
 func (t *Term) Proclaim(ctx context.Context, value []byte) error {
-	if err := t.l.SetValue(ctx, value); err != nil {
+	err := t.l.Err()
+	if err == nil {
+		err = t.l.SetValue(ctx, value)
+	}
+	if err != nil {
 		return &electionError{t.election, "proclaim", err}
 	}
 	t.mu.Lock()

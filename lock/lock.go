@@ -389,6 +389,11 @@ func (l *Lock) release(ctx context.Context) error {
 		opts.FencingToken = h.token
 	}
 	res, err := l.c.VDel(ctx, l.cfg.Name, h.record(), opts)
+	if errors.Is(err, sskv.ErrFencingTokenLower) {
+		// A newer holding fences the key: it is not this one's any more.
+		l.log.Info("released; a newer holder has the key")
+		return nil
+	}
 	if err != nil {
 		return l.wrap("unlock", err)
 	}

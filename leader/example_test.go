@@ -1,0 +1,125 @@
+package leader_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"time"
+
+	"github.com/dsslock/dsslock/fenced"
+	"github.com/dsslock/dsslock/leader"
+	"github.com/dsslock/dsslock/sskv"
+	"github.com/dsslock/dsslock/sskv/localstore"
+)
+
+// A candidate campaigns, writes through a fenced writer while it leads, and
+// resigns once its work is done.
+func ExampleCampaign() {
+	srv, err := localstore.Start(localstore.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := sskv.Dial(ctx, sskv.Config{Addr: srv.Addr(), ClientID: "replica-1"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	term, err := leader.Campaign(ctx, c, "orders/leader", []byte("10.0.0.5:8080"), leader.WithCandidateID("replica-1"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	// The work: writes fenced with the term's token. They fail with
+	// fenced.ErrStale once a later term has written the key.
+	w := fenced.New(c, term)
+	if _, err := w.Set(term.Context(), "orders/owner", []byte("replica-1"), sskv.SetOptions{}); err != nil {
+		log.Fatal(err)
+	}
+	s, err := leader.Leader(ctx, c, "orders/leader")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("leader %s at %s\n", s.ID, s.Value)
+	if err := term.Resign(ctx); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(term.Err())
+	// Output:
+	// leader replica-1 at 10.0.0.5:8080
+	// lock: released
+}
+
+// An Elector runs the work whenever this candidate leads, campaigns again
+// after a loss, and serves a health check.
+func ExampleElector_Run() {
+	srv, err := localstore.Start(localstore.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := sskv.Dial(ctx, sskv.Config{Addr: srv.Addr(), ClientID: "replica-1"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	e, err := leader.NewElector(c, "orders/leader", []byte("10.0.0.5:8080"),
+		leader.WithTTL(5*time.Second),
+		leader.OnStartedLeading(func(t *leader.Term) { fmt.Println("started leading") }),
+		leader.OnStoppedLeading(func(err error) { fmt.Println("stopped leading:", err) }))
+	if err != nil {
+		log.Fatal(err)
+	}
+	// http.Handle("/healthz", e) serves e.Check.
+	err = e.Run(ctx, func(ctx context.Context, t *leader.Term) error {
+		fmt.Println("working; healthy:", e.Check() == nil)
+		return nil // done: Run resigns and returns
+	})
+	fmt.Println("Run:", err)
+	// Output:
+	// started leading
+	// working; healthy: true
+	// stopped leading: lock: released
+	// Run: <nil>
+}
+
+// Observe reports who leads, and each change.
+func ExampleObserve() {
+	srv, err := localstore.Start(localstore.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := sskv.Dial(ctx, sskv.Config{Addr: srv.Addr(), ClientID: "watcher"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	octx, stop := context.WithCancel(ctx)
+	changes, err := leader.Observe(octx, c, "orders/leader")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("leading:", (<-changes).HasLeader())
+	term, err := leader.Campaign(ctx, c, "orders/leader", []byte("10.0.0.5:8080"), leader.WithCandidateID("replica-1"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	s := <-changes
+	fmt.Println("leader:", s.ID, string(s.Value), s.Token == term.Token())
+	_ = term.Resign(ctx)
+	fmt.Println("leading:", (<-changes).HasLeader())
+	stop()
+	// Output:
+	// leading: false
+	// leader: replica-1 10.0.0.5:8080 true
+	// leading: false
+}
