@@ -207,7 +207,8 @@ func TestResignHandsOver(t *testing.T) {
 // soon after its lease expires; followers send no request meanwhile.
 func TestCrashedLeaderReplaced(t *testing.T) {
 	srv := startStore(t)
-	const ttl = 100 * time.Millisecond
+	// Long enough that a loaded machine does not starve the renewals.
+	const ttl = 250 * time.Millisecond
 	ca := dial(t, srv.Addr())
 	a := campaign(t, ca, "a", leader.WithTTL(ttl))
 	var followers []*sskv.Client
@@ -234,6 +235,9 @@ func TestCrashedLeaderReplaced(t *testing.T) {
 		if n := srv.Requests(c.ID()) - entry; n != 0 {
 			t.Errorf("follower %d sent %d requests after its entry, in 10 TTLs while the leader renewed", i, n)
 		}
+	}
+	if a.Err() != nil {
+		t.Fatalf("the leader lost its term while renewing: %v", a.Err())
 	}
 	crashed := time.Now()
 	_ = ca.Close()

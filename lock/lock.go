@@ -288,6 +288,9 @@ func (l *Lock) attempt(ctx context.Context) (bool, error) {
 	if h := l.holding(); h.live() {
 		return false, ErrAlreadyHeld
 	}
+	if err := l.giveBack(ctx); err != nil {
+		return false, err
+	}
 	val := l.value()
 	rec := l.record(hlc.Timestamp{}, val)
 	l.undo = []undoDel{{rec: rec}}
@@ -339,6 +342,26 @@ func (l *Lock) attempt(ctx context.Context) (bool, error) {
 	return true, nil
 }
 
+// giveBack deletes what an earlier attempt with an unknown outcome may have
+// written with FenceKey, before the next attempt: that record is fenced, so
+// the next attempt would find the key held (by itself) until it expired.
+// An unfenced record needs no such care: the next attempt's SET NEX of the
+// same value simply takes it. The caller has the turn.
+func (l *Lock) giveBack(ctx context.Context) error {
+	if !slices.ContainsFunc(l.undo, func(u undoDel) bool { return !u.ft.IsZero() }) {
+		return nil
+	}
+	for len(l.undo) > 0 {
+		u := l.undo[len(l.undo)-1]
+		_, err := l.c.VDel(ctx, l.cfg.Name, u.rec, sskv.DelOptions{FencingToken: u.ft})
+		if err != nil && !errors.Is(err, sskv.ErrFencingTokenRequired) && !errors.Is(err, sskv.ErrFencingTokenLower) {
+			return err
+		}
+		l.undo = l.undo[:len(l.undo)-1]
+	}
+	return nil
+}
+
 func (l *Lock) value() []byte {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -367,7 +390,7 @@ func (l *Lock) abandonThenEnd() {
 		// deleted without a token.
 		for _, u := range slices.Backward(undo) {
 			if _, err := l.c.VDel(ctx, l.cfg.Name, u.rec, sskv.DelOptions{FencingToken: u.ft}); err != nil &&
-				!errors.Is(err, sskv.ErrFencingTokenRequired) {
+				!errors.Is(err, sskv.ErrFencingTokenRequired) && !errors.Is(err, sskv.ErrFencingTokenLower) {
 				l.log.Debug("could not delete the key after an unknown acquisition; it expires after the TTL", "error", err)
 			}
 		}
