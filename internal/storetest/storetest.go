@@ -6,6 +6,7 @@ package storetest
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -75,4 +76,18 @@ func Eventually(t testing.TB, what string, cond func() bool) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// ReportPercentiles reports the p50 and p99 of ds, in milliseconds, as the
+// benchmark metrics "p50-"+unit and "p99-"+unit.
+func ReportPercentiles(b *testing.B, ds []time.Duration, unit string) {
+	if len(ds) == 0 {
+		return
+	}
+	slices.Sort(ds)
+	at := func(p float64) float64 {
+		return float64(ds[min(len(ds)-1, int(p*float64(len(ds))))]) / float64(time.Millisecond)
+	}
+	b.ReportMetric(at(0.50), "p50-"+unit)
+	b.ReportMetric(at(0.99), "p99-"+unit)
 }
