@@ -118,14 +118,15 @@ func (t *Term) Fenced(err error) { t.l.Fenced(err) }
 func (t *Term) Proclaim(ctx context.Context, value []byte) error {
 	err := t.l.Err()
 	if err == nil {
+		// Even if the outcome is unknown, the next renewal writes value.
+		t.mu.Lock()
+		t.value = bytes.Clone(value)
+		t.mu.Unlock()
 		err = t.l.SetValue(ctx, value)
 	}
 	if err != nil {
 		return &electionError{t.election, "proclaim", err}
 	}
-	t.mu.Lock()
-	t.value = bytes.Clone(value)
-	t.mu.Unlock()
 	return nil
 }
 
