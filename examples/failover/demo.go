@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -134,14 +135,14 @@ type demo struct {
 	admin *sskv.Client       // a direct connection: sets up and reads the result
 	cands []*candidate
 
-	campaignCtx    context.Context
-	stopCampaigns  context.CancelFunc
-	results        chan campaignResult
-	campaigns      int // running; touched by the demo's goroutine only
-	wg             sync.WaitGroup
-	workers        []*worker
-	sayMu, writeMu sync.Mutex
-	rep            report
+	campaignCtx   context.Context
+	stopCampaigns context.CancelFunc
+	results       chan campaignResult
+	campaigns     int // running; touched by the demo's goroutine only
+	wg            sync.WaitGroup
+	workers       []*worker
+	sayMu, repMu  sync.Mutex
+	rep           report
 }
 
 type campaignResult struct {
@@ -220,6 +221,7 @@ func (d *demo) connect(ctx context.Context, o options) error {
 		prefix = "failover"
 	}
 	base.CleanStart = true
+	base.FailFast = true // a person waits: say at once if the store cannot be reached
 
 	cfg := base
 	cfg.ClientID = prefix + "-observer"
@@ -275,166 +277,204 @@ func (d *demo) clear(ctx context.Context) error {
 	return nil
 }
 
-// scenario plays the three ways a leadership ends: resignation, crash,
-// pause.
+// scenario plays the three ways a leadership ends, one after the other:
+// a resignation, a crash, a freeze.
 func (d *demo) scenario(ctx context.Context) error {
+	// As package lock's defaults.
 	d.rep.ttl = d.ttl
 	d.rep.renewInterval = (d.ttl / 3).Truncate(time.Millisecond)
 	d.rep.renewDeadline = (d.ttl * 2 / 3).Truncate(time.Millisecond)
 	for _, c := range d.cands {
 		d.rep.names = append(d.rep.names, c.name)
 	}
-	d.say("", "election %q: TTL %v, renewed every %v; a leader gives up on its own clock", electionKey, d.ttl, d.rep.renewInterval)
-	d.say("", "   %v after its last renewal; the leader increments %q every %v (fenced Edit)", d.rep.renewDeadline, counterKey, writeEvery)
+	d.say("", "election %q: TTL %v, renewed every %v, renew deadline %v", electionKey, d.ttl, d.rep.renewInterval, d.rep.renewDeadline)
+	d.say("", "the leader adds 1 to %q every %v, with a fenced read-modify-write", counterKey, writeEvery)
 	for _, c := range d.cands {
 		d.campaign(c)
 	}
 	d.say("", "A, B and C campaign")
-
-	// 1. Handover: the first leader resigns once its work has stopped.
-	t1, err := d.nextLeader(ctx)
+	first, err := d.nextLeader(ctx)
 	if err != nil {
 		return err
 	}
-	d.elected(t1, "")
-	if err := d.work(ctx, t1, d.lead).wait(ctx); err != nil {
-		return err
-	}
-	t1.end = d.now()
-	t1.how = "resigned"
-	d.rep.handover.from = t1.end
-	d.say(t1.c.name, "stops its work (%s) and resigns: Term.Resign deletes the election's key", d.summarize(t1))
-	if err := resign(ctx, t1); err != nil {
-		return err
-	}
-	t2, err := d.nextLeader(ctx)
+	d.elected(first, "")
+	second, err := d.handover(ctx, first)
 	if err != nil {
 		return err
 	}
-	d.rep.handover.to = t2.elected
-	d.elected(t2, fmt.Sprintf("%v after %s began to resign: a handover, no waiting for the TTL", fmtDur(t2.elected-t1.end), t1.c.name))
-	d.campaign(t1.c)
-	d.say(t1.c.name, "campaigns again, on standby")
+	third, err := d.crash(ctx, second)
+	if err != nil {
+		return err
+	}
+	return d.freeze(ctx, third)
+}
 
-	// 2. Takeover: the second leader crashes right after a renewal.
-	w2 := d.work(ctx, t2, 0)
+// handover: the leader works, stops its work and resigns; the next leader
+// is elected at once. The resigned candidate campaigns again.
+func (d *demo) handover(ctx context.Context, tr *term) (*term, error) {
+	if err := d.work(ctx, tr, d.lead).wait(ctx); err != nil {
+		return nil, err
+	}
+	d.say(tr.c.name, "stops its work (%s) and resigns: Term.Resign deletes the key", d.summarize(tr))
+	tr.end, tr.how = d.now(), "resigned"
+	d.rep.handover.from = tr.end
+	if err := resign(ctx, tr); err != nil {
+		return nil, err
+	}
+	next, err := d.nextLeader(ctx)
+	if err != nil {
+		return nil, err
+	}
+	d.rep.handover.to = next.elected
+	d.elected(next, fmt.Sprintf("%v after %s began to resign: a handover, no waiting for the TTL", fmtDur(next.elected-tr.end), tr.c.name))
+	d.campaign(tr.c)
+	d.say(tr.c.name, "campaigns again, on standby")
+	return next, nil
+}
+
+// crash: the leader works, then crashes right after a renewal: its
+// connection is cut and nothing reconnects. The next leader is elected
+// when its key expires. The crash comes between two writes, so that every
+// write's outcome is known.
+func (d *demo) crash(ctx context.Context, tr *term) (*term, error) {
+	w := d.work(ctx, tr, 0)
 	if err := sleep(ctx, d.lead); err != nil {
-		return err
+		return nil, err
 	}
 	select {
-	case <-t2.renewed: // drop an earlier renewal's signal
+	case <-tr.renewed: // an earlier renewal's
 	default:
 	}
 	select {
-	case <-t2.renewed:
+	case <-tr.renewed:
 	case <-time.After(2 * d.rep.renewInterval):
 	case <-ctx.Done():
-		return context.Cause(ctx)
+		return nil, context.Cause(ctx)
 	}
-	w2.stop()
-	t2.end = d.now()
-	t2.how = "crashed"
-	d.rep.crash.lane, d.rep.crash.at = t2.c.lane, t2.end
-	t2.c.proxy.Close() // its connection is cut and nothing can reconnect
-	t2.c.client.Close()
-	last := t2.lastRenewal()
+	w.stop()
+	tr.end, tr.how = d.now(), "crashed"
+	d.rep.crash.lane, d.rep.crash.at = tr.c.lane, tr.end
+	_ = tr.c.proxy.Close() // cuts its connection, and refuses new ones
+	_ = tr.c.client.Close()
+	last := tr.lastRenewal()
 	d.rep.takeover.from = last
-	d.say(t2.c.name, "crashes %v after its last renewal (%s): its connection is cut, and", fmtDur(t2.end-last), d.summarize(t2))
-	d.say("", "   nothing reconnects; no more renewals, no release: its key stays until it expires")
-	t3, err := d.nextLeader(ctx)
+	d.say(tr.c.name, "crashes (%s), %v after its last renewal:", d.summarize(tr), fmtDur(tr.end-last))
+	d.say("", "   its connection is cut and nothing reconnects; no renewal, no release")
+	next, err := d.nextLeader(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	d.rep.takeover.to = t3.elected
-	d.elected(t3, fmt.Sprintf("%v after %s's last renewal (TTL %v): a takeover once the key expired", fmtDur(t3.elected-last), t2.c.name, d.ttl))
+	d.rep.takeover.to = next.elected
+	d.elected(next, fmt.Sprintf("%v after %s's last renewal (TTL %v): a takeover once the key expired", fmtDur(next.elected-last), tr.c.name, d.ttl))
+	return next, nil
+}
 
-	// 3. Fencing: the third leader freezes past its renew deadline.
-	w3 := d.work(ctx, t3, 0)
+// freeze: the leader works, then freezes past its renew deadline: its
+// writes stop and its connection is blackholed. Its term ends on its own
+// clock; the last candidate is elected and writes; then the frozen one
+// wakes up and tries to write with its old term, through its fenced
+// writer and directly with its token. Both are refused. The last leader
+// works on, and resigns.
+func (d *demo) freeze(ctx context.Context, tr *term) error {
+	w := d.work(ctx, tr, 0)
 	if err := sleep(ctx, d.lead); err != nil {
 		return err
 	}
-	if err := w3.freeze(); err != nil {
+	if err := w.freeze(); err != nil {
 		return err
 	}
-	d.rep.pause.lane = t3.c.lane
-	d.rep.pause.frozen = d.now()
-	t3.c.proxy.Blackhole()
-	d.say(t3.c.name, "freezes (a stop-the-world pause, a frozen VM; %s): its writes stop, and", d.summarize(t3))
-	d.say("", "   its connection is blackholed, so its renewals stop reaching the store")
+	p := &d.rep.pause
+	p.lane, p.frozen = tr.c.lane, d.now()
+	tr.c.proxy.Blackhole()
+	d.say(tr.c.name, "freezes (%s): a stop-the-world pause, a frozen VM;", d.summarize(tr))
+	d.say("", "   its writes stop, its connection is blackholed: its renewals no longer reach the store")
 	select {
-	case <-t3.t.Done():
+	case <-tr.t.Done():
 	case <-ctx.Done():
 		return context.Cause(ctx)
 	}
-	d.rep.pause.lost = d.now()
-	if err := w3.wait(ctx); err != nil {
+	p.lost = d.now()
+	if err := w.wait(ctx); err != nil {
 		return err
 	}
-	t3.end = max(d.rep.pause.lost, t3.workDone)
-	t3.how = "froze"
-	last = t3.lastRenewal()
-	d.rep.pause.lastRenewal = last
-	d.say(t3.c.name, "its term ends on its own clock, %v after its last renewal, %v before the store", fmtDur(d.rep.pause.lost-last), fmtDur(last+d.ttl-d.rep.pause.lost))
-	d.say("", "   can expire its key: %v", t3.t.Err())
+	tr.end, tr.how = max(p.lost, tr.workDone), "froze"
+	p.lastRenewal = tr.lastRenewal()
+	d.say(tr.c.name, "its term ends on its own clock, %v after its last renewal, %v before the store", fmtDur(p.lost-p.lastRenewal), fmtDur(p.lastRenewal+d.ttl-p.lost))
+	d.say("", "   can expire its key: %v", tr.t.Err())
 	d.say("", "   its work is told to stop (Term.Context is cancelled) and returns")
-	t4, err := d.nextLeader(ctx)
+
+	next, err := d.nextLeader(ctx)
 	if err != nil {
 		return err
 	}
-	d.rep.pause.next = t4.elected
-	d.elected(t4, fmt.Sprintf("%v after %s's last renewal", fmtDur(t4.elected-last), t3.c.name))
-	w4 := d.work(ctx, t4, d.lead+writeEvery)
+	p.next = next.elected
+	d.elected(next, fmt.Sprintf("%v after %s's last renewal", fmtDur(next.elected-p.lastRenewal), tr.c.name))
+	nw := d.work(ctx, next, d.lead+writeEvery)
+	// Until the new leader has written the counter, the key is fenced with
+	// the frozen leader's token, which a late write of the frozen leader
+	// would pass. The network heals after that write.
 	select {
-	case <-t4.firstWrite:
+	case <-next.firstWrite:
 	case <-ctx.Done():
 		return context.Cause(ctx)
 	}
-	_, first, _ := t4.writes()
-	d.say(t4.c.name, "writes %s = %d: the key is now fenced with its token", counterKey, first)
+	_, value, _ := next.writes()
+	d.say(next.c.name, "writes %s = %d: the key is now fenced with its token", counterKey, value)
 
-	t3.c.proxy.Heal()
-	d.rep.pause.healed = d.now()
-	d.say(t3.c.name, "wakes up: its connection works again, and it goes on with its old term")
-	// Its fenced writer checks the term before sending anything.
+	tr.c.proxy.Heal()
+	p.healed = d.now()
+	d.say(tr.c.name, "wakes up: its connection works again, and it goes on with its old term")
+	if err := d.staleWrites(ctx, tr); err != nil {
+		return err
+	}
+	p.stales = d.now()
+	// A lost term still deletes the key if it is still its own: it is not.
+	if err := resign(ctx, tr); err != nil {
+		return err
+	}
+
+	if err := nw.wait(ctx); err != nil {
+		return err
+	}
+	d.say(next.c.name, "stops its work (%s) and resigns", d.summarize(next))
+	next.end, next.how = d.now(), "resigned"
+	return resign(ctx, next)
+}
+
+// staleWrites has the frozen leader write with its old term: through its
+// fenced writer, which checks the term before it sends anything, and
+// directly, with a write it had prepared before the pause and its old
+// token, which the store refuses.
+func (d *demo) staleWrites(ctx context.Context, tr *term) error {
+	_, _, prepared := tr.writes()
+	prepared++ // its next increment
+
 	var sent bool
-	_, err = fenced.New(t3.c.client, t3.t).Edit(ctx, counterKey, func(v []byte, found bool) ([]byte, error) {
+	_, err := fenced.New(tr.c.client, tr.t).Edit(ctx, counterKey, func(v []byte, found bool) ([]byte, error) {
 		sent = true
 		return v, nil
 	})
-	d.rep.pause.stales = d.now()
 	d.rep.staleWriter = err
-	_, _, prepared := t3.writes()
-	prepared++
-	d.record(t3, prepared, err, "writer")
+	d.record(tr, prepared, err, "writer")
 	switch {
 	case errors.Is(err, fenced.ErrStale) && !sent:
-		d.say(t3.c.name, "its fenced writer refuses to send: %v", err)
+		d.say(tr.c.name, "its fenced writer refuses to send a write with the old term:")
+		d.say("", "   %v", err)
 	default:
-		d.say(t3.c.name, "its fenced writer did NOT refuse (read sent: %v): %v", sent, err)
-	}
-	// A write it had prepared before the pause goes out with the old token.
-	_, err = t3.c.client.Set(ctx, counterKey, strconv.AppendInt(nil, prepared, 10), sskv.SetOptions{FencingToken: t3.t.Token()})
-	d.rep.staleStore = err
-	d.record(t3, prepared, err, "store")
-	switch {
-	case errors.Is(err, sskv.ErrFencingTokenLower):
-		d.say(t3.c.name, "a write it prepared before the pause (%s = %d), sent with its old token,", counterKey, prepared)
-		d.say("", "   is REJECTED by the state store: %v", err)
-	default:
-		d.say(t3.c.name, "a write it prepared before the pause, sent with its old token, was NOT rejected: %v", err)
-	}
-	// A lost term still gives up the key if it is still its own: it is not.
-	if err := resign(ctx, t3); err != nil {
-		return err
+		d.say(tr.c.name, "its fenced writer did NOT refuse (read sent: %v): %v", sent, err)
 	}
 
-	if err := w4.wait(ctx); err != nil {
-		return err
+	_, err = tr.c.client.Set(ctx, counterKey, strconv.AppendInt(nil, prepared, 10), sskv.SetOptions{FencingToken: tr.t.Token()})
+	d.rep.staleStore = err
+	d.record(tr, prepared, err, "store")
+	switch {
+	case errors.Is(err, sskv.ErrFencingTokenLower):
+		d.say(tr.c.name, "a write it prepared before the pause (%s = %d), sent with its old token,", counterKey, prepared)
+		d.say("", "   is REJECTED by the state store: %s", strings.TrimPrefix(err.Error(), "sskv: "))
+	default:
+		d.say(tr.c.name, "a write it prepared before the pause, sent with its old token, was NOT rejected: %v", err)
 	}
-	t4.end = d.now()
-	t4.how = "resigned"
-	d.say(t4.c.name, "stops its work (%s) and resigns", d.summarize(t4))
-	return resign(ctx, t4)
+	return nil
 }
 
 // elected prints a new leader's election, with why, if not empty.
@@ -494,10 +534,10 @@ func (d *demo) nextLeader(ctx context.Context) (*term, error) {
 		if r.err != nil {
 			return nil, fmt.Errorf("%s: %w", r.tr.c.name, r.err)
 		}
-		d.writeMu.Lock()
+		d.repMu.Lock()
 		d.rep.terms = append(d.rep.terms, r.tr)
 		r.tr.n = len(d.rep.terms)
-		d.writeMu.Unlock()
+		d.repMu.Unlock()
 		return r.tr, nil
 	case <-ctx.Done():
 		return nil, fmt.Errorf("waiting for a leader: %w", context.Cause(ctx))
@@ -643,14 +683,14 @@ func (d *demo) record(tr *term, value int64, err error, by string) {
 	case errors.Is(err, fenced.ErrStale) || errors.Is(err, sskv.ErrFencingTokenLower):
 		w.stale, w.by = true, by
 	default:
-		d.writeMu.Lock()
+		d.repMu.Lock()
 		d.rep.unknown++
-		d.writeMu.Unlock()
+		d.repMu.Unlock()
 		d.say(tr.c.name, "write of %s = %d failed, its outcome is unknown: %v", counterKey, value, err)
 	}
-	d.writeMu.Lock()
+	d.repMu.Lock()
 	d.rep.writes = append(d.rep.writes, w)
-	d.writeMu.Unlock()
+	d.repMu.Unlock()
 }
 
 // close ends everything the demo started, in order: campaigns, work,
@@ -660,7 +700,12 @@ func (d *demo) close() {
 	for _, w := range d.workers {
 		w.once.Do(func() { close(w.stopc) })
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	// A run cut short may have left a connection frozen.
+	for _, c := range d.cands {
+		c.proxy.Heal()
+	}
+	// Giving the key up spares the next run a wait; it expires anyway.
+	ctx, cancel := context.WithTimeout(context.Background(), min(d.ttl, 2*time.Second))
 	defer cancel()
 	for ; d.campaigns > 0; d.campaigns-- {
 		if r := <-d.results; r.err == nil {

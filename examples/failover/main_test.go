@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"encoding/xml"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -25,6 +27,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // -svg: one JSON object with exactly the documented fields and every check
 // passed, and a picture that is well-formed XML with a lane per candidate.
 func TestJSONAndSVG(t *testing.T) {
+	t.Parallel()
 	svg := filepath.Join(t.TempDir(), "run.svg")
 	var stdout, stderr bytes.Buffer
 	if code := run(t.Context(), []string{"-json", "-ttl", "500ms", "-svg", svg}, &stdout, &stderr); code != exitOK {
@@ -175,6 +178,25 @@ func TestUsage(t *testing.T) {
 		}
 		if stderr.Len() == 0 || stdout.Len() > 0 {
 			t.Errorf("%v: stdout %q, stderr %q: want only an error on stderr", args, &stdout, &stderr)
+		}
+	}
+}
+
+// TestInterrupted: a run cut short (Ctrl-C) returns at once with status 1
+// and leaves nothing behind (TestMain checks for goroutines).
+func TestInterrupted(t *testing.T) {
+	t.Parallel()
+	for _, after := range []time.Duration{50 * time.Millisecond, 700 * time.Millisecond, 1700 * time.Millisecond, 2000 * time.Millisecond} {
+		ctx, cancel := context.WithTimeout(t.Context(), after)
+		var stdout, stderr bytes.Buffer
+		start := time.Now()
+		code := run(ctx, []string{"-ttl", "500ms", "-svg", filepath.Join(t.TempDir(), "run.svg")}, &stdout, &stderr)
+		cancel()
+		if code != exitFailed || !strings.Contains(stderr.String(), "deadline exceeded") {
+			t.Errorf("interrupted after %v: exit status %d, stderr %q; want %d and the reason", after, code, &stderr, exitFailed)
+		}
+		if took := time.Since(start) - after; took > time.Second {
+			t.Errorf("interrupted after %v: returned %v later", after, took)
 		}
 	}
 }
