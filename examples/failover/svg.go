@@ -12,25 +12,25 @@ import (
 
 // The picture's geometry, in pixels.
 const (
-	svgW, svgH   = 1200, 500
-	plotX0       = 92   // left edge of the time axis
-	plotX1       = 1168 // right edge
-	lanesY       = 112  // top of the first lane
-	laneH        = 88
-	barY, barH   = 26, 20 // a term's bar, within its lane
-	tickY        = 13     // centre of the write marks, within a lane
-	renewY       = 53     // renewal dots, within a lane
-	labelY       = 68     // baseline of the first row of labels, within a lane
-	labelRowH    = 14
-	fontFamily   = "Helvetica, Arial, 'Liberation Sans', sans-serif"
-	colorText    = "#1f2937"
-	colorMuted   = "#6b7280"
-	colorGrid    = "#e5e7eb"
-	colorTerm    = "#2563eb"
-	colorOK      = "#16a34a"
-	colorStale   = "#dc2626"
-	colorTakeove = "#ef4444"
-	colorFrozen  = "#d97706"
+	svgW, svgH    = 1200, 500
+	plotX0        = 92   // left edge of the time axis
+	plotX1        = 1168 // right edge
+	lanesY        = 112  // top of the first lane
+	laneH         = 88
+	barY, barH    = 26, 20 // a term's bar, within its lane
+	tickY         = 13     // centre of the write marks, within a lane
+	renewY        = 53     // renewal dots, within a lane
+	labelY        = 68     // baseline of the first row of labels, within a lane
+	labelRowH     = 14
+	fontFamily    = "Helvetica, Arial, 'Liberation Sans', sans-serif"
+	colorText     = "#1f2937"
+	colorMuted    = "#6b7280"
+	colorGrid     = "#e5e7eb"
+	colorTerm     = "#2563eb"
+	colorOK       = "#16a34a"
+	colorStale    = "#dc2626"
+	colorNoLeader = "#ef4444"
+	colorFrozen   = "#d97706"
 )
 
 // writeSVG draws the run in file: one lane per candidate with its terms as
@@ -136,7 +136,7 @@ func renderSVG(r *report) []byte {
 			return
 		}
 		x0, xl, x1 := x(from), x(max(leaderless, from)), x(to)
-		s.f(`<rect x="%.1f" y="%d" width="%.1f" height="%.1f" fill="%s" fill-opacity="0.09"/>`+"\n", xl, lanesY, max(x1-xl, 1), lanesBottom-lanesY, colorTakeove)
+		s.f(`<rect x="%.1f" y="%d" width="%.1f" height="%.1f" fill="%s" fill-opacity="0.09"/>`+"\n", xl, lanesY, max(x1-xl, 1), lanesBottom-lanesY, colorNoLeader)
 		for _, xx := range []float64{x0, x1} {
 			s.f(`<line x1="%.1f" y1="%d" x2="%.1f" y2="%.1f" stroke="%s" stroke-dasharray="3 3" stroke-width="1"/>`+"\n", xx, lanesY-10, xx, lanesBottom, color)
 		}
@@ -146,7 +146,7 @@ func renderSVG(r *report) []byte {
 		s.text(cx, lanesY-16, 12.5, "middle", ` font-weight="700" fill="`+color+`"`, label)
 	}
 	gap(r.handover.from, r.handover.from, r.handover.to, colorTerm, "handover "+fmtMS(r.handover.to-r.handover.from))
-	gap(r.takeover.from, r.crash.at, r.takeover.to, colorTakeove, fmt.Sprintf("takeover %s (TTL %s)", fmtMS(r.takeover.to-r.takeover.from), fmtMS(r.ttl)))
+	gap(r.takeover.from, r.crash.at, r.takeover.to, colorNoLeader, fmt.Sprintf("takeover %s (TTL %s)", fmtMS(r.takeover.to-r.takeover.from), fmtMS(r.ttl)))
 	gap(r.pause.lastRenewal, r.pause.lost, r.pause.next, colorFrozen, "frozen leader replaced: "+fmtMS(r.pause.next-r.pause.lastRenewal))
 
 	// The frozen stretch of the paused leader: from the freeze to the heal.
@@ -274,7 +274,7 @@ func legend(s *svgDoc, y float64) {
 			s.f(`<path d="M%.1f %.1f l5 5 l-5 5 l-5 -5 z" fill="%s"/>`+"\n", x+9, y-10, colorFrozen)
 		}, "term lost"},
 		{func(x float64) {
-			s.f(`<rect x="%.1f" y="%.1f" width="18" height="11" fill="%s" fill-opacity="0.15"/>`+"\n", x, y-10, colorTakeove)
+			s.f(`<rect x="%.1f" y="%.1f" width="18" height="11" fill="%s" fill-opacity="0.15"/>`+"\n", x, y-10, colorNoLeader)
 		}, "no leader"},
 	}
 	const size, iconW, gapW = 12.5, 24.0, 22.0
