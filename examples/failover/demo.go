@@ -224,7 +224,7 @@ func (d *demo) connect(ctx context.Context, o options) error {
 	base.FailFast = true // a person waits: say at once if the store cannot be reached
 
 	cfg := base
-	cfg.ClientID = prefix + "-observer"
+	cfg.ClientID = prefix + "-admin"
 	admin, err := sskv.Dial(ctx, cfg)
 	if err != nil {
 		return err
@@ -234,10 +234,10 @@ func (d *demo) connect(ctx context.Context, o options) error {
 		return err
 	}
 
-	// The client must not replace a frozen connection by itself while the
-	// demo holds it frozen (for about a TTL): the demo decides when the
-	// network heals. A ping is answered within this long, or the
-	// connection is dropped.
+	// PingTimeout is how long a client waits for the answer to a ping
+	// before it drops the connection and reconnects. Here it is longer
+	// than the demo holds a connection frozen (about a TTL), so that the
+	// demo, not the client, decides when the network heals.
 	ping := (2*o.ttl + 2*time.Second - 1).Truncate(time.Second)
 	host, _, _ := net.SplitHostPort(base.Addr)
 	for i, name := range candidateNames {
