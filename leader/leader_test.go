@@ -582,3 +582,18 @@ func TestDropMidCampaign(t *testing.T) {
 		t.Fatalf("Leader = %+v, b.Err %v; want b", s, b.Err())
 	}
 }
+
+// Closing the client ends its terms at once.
+func TestClientCloseEndsTerm(t *testing.T) {
+	srv := startStore(t)
+	c := dial(t, srv.Addr())
+	term := campaign(t, c, "a", leader.WithTTL(time.Minute))
+	_ = c.Close()
+	<-term.Done()
+	if !errors.Is(term.Err(), lock.ErrClosed) || !errors.Is(term.Err(), leader.ErrLost) {
+		t.Fatalf("Err after the client closed = %v", term.Err())
+	}
+	if _, err := term.FencingToken(); err == nil {
+		t.Fatal("FencingToken after the client closed succeeded")
+	}
+}

@@ -134,9 +134,9 @@ func (t *Term) Proclaim(ctx context.Context, value []byte) error {
 // term's, so another candidate takes over at once, without waiting for the
 // TTL. Call it after the work the term guarded has returned. Resigning a
 // term that was lost still deletes the key if it is still this term's; a
-// term is resigned once, and later calls return nil. An error from the
-// store means the outcome of the delete is unknown: the key then expires
-// after at most the TTL.
+// term is resigned once, and later calls return nil. An error means the
+// key may not have been deleted (the store did not answer, or the client
+// was closed): it then expires after at most the TTL.
 func (t *Term) Resign(ctx context.Context) error {
 	err := t.l.Unlock(ctx)
 	if errors.Is(err, lock.ErrNotHeld) || errors.Is(err, lock.ErrClosed) {

@@ -255,6 +255,9 @@ func (h *holding) renewLoop() {
 		select {
 		case <-h.stop:
 			return
+		case <-l.c.Done():
+			h.lose(fmt.Errorf("%w: %w", ErrClosed, sskv.ErrClosed))
+			return
 		case <-next.C:
 		}
 		sent, err := h.write(h.ctx, nil)

@@ -431,6 +431,11 @@ func (c *Client) Close() error {
 	return nil
 }
 
+// Done returns a channel that is closed when Close starts: a lease built on
+// the client (package lock) ends then, without waiting for its next request
+// to fail.
+func (c *Client) Done() <-chan struct{} { return c.ctx.Done() }
+
 // spawn runs f on a goroutine that Close waits for. It reports false, and
 // does not run f, once Close has started.
 func (c *Client) spawn(f func()) bool {
