@@ -12,6 +12,8 @@
 //	go run ./examples/sskv set data v1 -ft 001714000000000:00000:statestore
 //	go run ./examples/sskv vdel lock me
 //	go run ./examples/sskv watch greeting lock         # until Ctrl-C
+//	go run ./examples/sskv elect svc/leader me         # "leader me TOKEN", until Ctrl-C
+//	go run ./examples/sskv elect -l svc/leader         # who leads, and each change
 //	echo -n payload | go run ./examples/sskv set blob -file -
 //	go run ./examples/sskv get -raw blob > blob.bin
 //
@@ -25,7 +27,8 @@
 // Exit status: 0 when the command did what it was asked; 1 on an error
 // (connection, refused by the service, ...); 2 on bad usage; 3 when a
 // condition was not met: get of a missing key, set not applied (-nx, -nex),
-// del or vdel of a missing key, vdel of a key that holds another value.
+// del or vdel of a missing key, vdel of a key that holds another value;
+// 4 when lock or elect lost what they held (see "help lock", "help elect").
 //
 // Run "go run ./examples/sskv -h" or "... help COMMAND" for every flag.
 package main

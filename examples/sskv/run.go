@@ -30,7 +30,7 @@ const (
 	exitError  = 1 // connection or service error, unreadable file, ...
 	exitUsage  = 2 // bad command line
 	exitNotMet = 3 // not found, not applied, value differs
-	exitLost   = 4 // lock: the lock was lost while COMMAND ran
+	exitLost   = 4 // lock: the lock was lost while COMMAND ran; elect: leadership was lost
 )
 
 const defaultAddr = "127.0.0.1:1883"
@@ -93,6 +93,9 @@ type cmdOpts struct {
 	persist bool
 	file    string
 	ttl     time.Duration
+	listen  bool
+
+	given map[string]bool // the command's flags given explicitly
 }
 
 type command struct {
@@ -104,6 +107,7 @@ type command struct {
 	minArgs  int
 	maxArgs  int // -1: any number
 	fileArgs bool
+	check    func(o *cmdOpts, pos []string) error // more checks of the arguments, if any
 }
 
 func ftFlag(fs *flag.FlagSet, o *cmdOpts) {
@@ -215,6 +219,7 @@ status 4, the reason on stderr. Give -- before COMMAND when it has flags.`,
 		},
 		minArgs: 2, maxArgs: -1,
 	},
+	electCommand,
 }
 
 // maxPX is the longest expiry -px takes: the longest time.Duration, in whole
@@ -290,7 +295,8 @@ Commands:
 
 Exit status: 0 done; 1 error; 2 bad usage; 3 condition not met (get of a
 missing key, set not applied, del or vdel of a missing key, vdel of another
-value); lock: COMMAND's status, or 4 if the lock was lost while it ran.
+value); lock: COMMAND's status, or 4 if the lock was lost while it ran;
+elect: 4 if leadership was lost.
 `)
 	if short {
 		fmt.Fprintf(w, "\nRun 'sskv -h' for the connection flags and examples.\n")
@@ -316,6 +322,8 @@ Examples:
   sskv set data v1 -ft V                 # refused once data has a newer token
   sskv vdel lock me
   sskv watch greeting lock               # until Ctrl-C
+  sskv elect svc/leader 10.0.0.5:8080    # prints "leader 10.0.0.5:8080 TOKEN" once elected
+  sskv elect -l svc/leader               # who leads, and each change, until Ctrl-C
   echo -n payload | sskv set blob -file -
   sskv -addr aio-broker:18883 -tls -ca ca.pem -sat-file /var/run/secrets/tokens/broker-sat get k
   sskv -env watch k
@@ -386,8 +394,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return exitUsage
 	}
 
-	var o cmdOpts
-	pos, err := parseInterspersed(cmd.flagSet(&o), args[1:])
+	o := cmdOpts{given: map[string]bool{}}
+	fs := cmd.flagSet(&o)
+	pos, err := parseInterspersed(fs, args[1:])
+	fs.Visit(func(f *flag.Flag) { o.given[f.Name] = true })
 	if err == nil {
 		err = checkArgs(cmd, &o, pos)
 	}
@@ -433,6 +443,15 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			log = cfg.Logger
 		}
 		return runLocked(ctx, c, pos[0], pos[1:], o.ttl, log, stdin, stdout, stderr)
+	case "elect":
+		if o.listen {
+			return observeElection(ctx, c, pos[0], stdout, stderr)
+		}
+		var log *slog.Logger // sskv reports a loss itself; -v shows the election's own logs
+		if cf.verbose {
+			log = cfg.Logger
+		}
+		return elect(ctx, c, pos[0], []byte(pos[1]), o.ttl, log, stdout, stderr)
 	}
 	rctx, cancel := context.WithTimeout(ctx, cf.timeout)
 	defer cancel()
@@ -466,6 +485,8 @@ func checkArgs(cmd *command, o *cmdOpts, pos []string) error {
 		return usagef("too many arguments %q", pos[maxArgs:])
 	case o.nx && o.nex:
 		return usagef("-nx and -nex exclude each other")
+	case cmd.check != nil:
+		return cmd.check(o, pos)
 	}
 	return nil
 }
