@@ -116,7 +116,9 @@ type tally struct {
 	n      int  // responses (= requests the store executed)
 	sawOK  bool // a "+OK" (e.g. KEYNOTIFY's) was seen
 	atPark int  // n when parked closed
+	parkAt time.Time
 	parked chan struct{}
+	seen   []string // the first responses, abridged, for a failure message
 }
 
 var (
@@ -128,6 +130,9 @@ func (t *tally) add(payload []byte) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.n++
+	if len(t.seen) < 16 {
+		t.seen = append(t.seen, fmt.Sprintf("%.12q", payload))
+	}
 	switch {
 	case bytes.Equal(payload, respOK):
 		t.sawOK = true
@@ -135,7 +140,7 @@ func (t *tally) add(payload []byte) {
 		select {
 		case <-t.parked:
 		default:
-			t.atPark = t.n
+			t.atPark, t.parkAt = t.n, time.Now()
 			close(t.parked)
 		}
 	}
@@ -147,10 +152,17 @@ func (t *tally) count() int {
 	return t.n
 }
 
-func (t *tally) entry() int {
+func (t *tally) String() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.atPark
+	return fmt.Sprintf("%d responses: %s", t.n, strings.Join(t.seen, " "))
+}
+
+// entry returns the responses up to the parking, and when it was seen.
+func (t *tally) entry() (int, time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.atPark, t.parkAt
 }
 
 func (e *env) newSpy() *spy {
@@ -231,7 +243,10 @@ func (s *spy) unfollow(ctx context.Context, id string) error {
 // that notification travels behind the refusal on the waiter's connection.
 // It fails if the waiter's Lock returns (returned) first.
 func awaitParked(ctx context.Context, t *tally, returned <-chan struct{}) error {
-	ctx, cancel := context.WithTimeout(ctx, waitTimeout)
+	// Longer than the clients' request timeouts (10 s), so that a stall
+	// shows what followed it.
+	const parkTimeout = 3 * waitTimeout
+	ctx, cancel := context.WithTimeout(ctx, parkTimeout)
 	defer cancel()
 	select {
 	case <-t.parked:
@@ -239,7 +254,7 @@ func awaitParked(ctx context.Context, t *tally, returned <-chan struct{}) error 
 	case <-returned:
 		return errors.New("the waiter's Lock returned while the holder held the lock")
 	case <-ctx.Done():
-		return fmt.Errorf("the waiter did not park within %s (responses seen: %d)", waitTimeout, t.count())
+		return fmt.Errorf("the waiter did not park within %s (%v)", parkTimeout, t)
 	}
 }
 
@@ -583,11 +598,10 @@ type waiterSide struct {
 
 // waiterRequests counts the requests of waiters while a holder keeps
 // renewing: each iteration is one waiter, on a client of its own; up to
-// waitBatch of them enter together (Lock in a goroutine each) and are
-// watched for waitTTLs TTLs after the last of them parked. The store's
-// responses, which the spy counts, are the requests it executed (one
-// response each). Reported per waiter: the requests from its Lock call to
-// its parking (entry-reqs), and from its parking to the end of the window
+// waitBatch of them enter together (Lock in a goroutine each), and each is
+// watched for waitTTLs TTLs from its parking. The store's responses, which
+// the spy counts, are the requests it executed (one response each). Reported per waiter: the requests from its Lock call to
+// its parking (entry-reqs), and in the waitTTLs TTLs after its parking
 // (reqs-after-entry). A window takes about 2 s, so the iterations are
 // batched; ns/op is the window's time shared among its waiters.
 func waiterRequests(b *testing.B, e *env, newWaiter func(i int) waiterSide) {
@@ -626,15 +640,21 @@ func waiterRequests(b *testing.B, e *env, newWaiter func(i int) waiterSide) {
 				b.Fatal(err)
 			}
 		}
-		time.Sleep(waitTTLs * waitTTL) // the window
-		for i, t := range ts {
+		// Each waiter's window: waitTTLs TTLs from its parking, taken in
+		// the order they parked.
+		slices.SortFunc(ts, func(x, y *tally) int { _, px := x.entry(); _, py := y.entry(); return px.Compare(py) })
+		for _, t := range ts {
+			k, at := t.entry()
+			time.Sleep(time.Until(at.Add(waitTTLs * waitTTL)))
+			entry += k
+			after += t.count() - k
+		}
+		for i := range ws {
 			select {
 			case <-returned[i]:
 				b.Fatalf("waiter %d's Lock returned during the window: %v", i, errs[i])
 			default:
 			}
-			entry += t.entry()
-			after += t.count() - t.entry()
 		}
 		cancel()
 		wg.Wait()
