@@ -47,7 +47,9 @@
 //     keeps the key for TTL - RenewDeadline more: the time the leader's work
 //     has to stop before another candidate can be elected. A renewal that
 //     finds a newer term ends it at once, and so does a fenced write that
-//     finds a newer token.
+//     finds a newer token. The leader also watches its key: if the key is
+//     deleted behind its back (by hand, or lost by a store restart), the
+//     term ends at once rather than re-creating it with the next renewal.
 //   - The key is given up only after the work has returned: a lost term
 //     never deletes the key by itself, and [Elector.Run] resigns only once
 //     the work of the term has returned.

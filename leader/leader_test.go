@@ -597,3 +597,21 @@ func TestClientCloseEndsTerm(t *testing.T) {
 		t.Fatal("FencingToken after the client closed succeeded")
 	}
 }
+
+// A leader whose key is deleted behind its back (by hand, or lost by a
+// store) ends its term at once instead of re-creating the key with its
+// next renewal, after another candidate may have led in between.
+func TestKeyDeletedEndsTerm(t *testing.T) {
+	srv := startStore(t)
+	c := dial(t, srv.Addr())
+	term := campaign(t, c, "a", leader.WithTTL(time.Minute))
+	other := dial(t, srv.Addr())
+	waitFor(t, "the leader to watch its key", func() bool { return srv.Watching(c.ID(), "e") })
+	if _, err := other.Del(testCtx(t), "e", sskv.DelOptions{FencingToken: term.Token()}); err != nil {
+		t.Fatal(err)
+	}
+	<-term.Done()
+	if !errors.Is(term.Err(), lock.ErrHeldByOther) {
+		t.Fatalf("Err after the key was deleted = %v; want ErrHeldByOther", term.Err())
+	}
+}

@@ -36,8 +36,12 @@
 // [Lock.SetValue] changes the value without releasing the lock. The fence is
 // what makes changing the value safe: the store refuses any write carrying
 // an older token, so a request of an earlier holding that arrives late can
-// never overwrite the current holder's record. Package leader builds on
-// this.
+// never overwrite the current holder's record. A FenceKey holder also
+// watches its key, and its holding ends as lost (ErrHeldByOther) the moment
+// the key is deleted behind its back (by hand, or lost by a store restart)
+// or taken by another holder: its renewals, SET NEX, would otherwise create
+// the key again, after another holder may have held it in between. Without
+// FenceKey that is what happens. Package leader builds on this.
 //
 // # Guarantees
 //

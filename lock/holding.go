@@ -25,6 +25,7 @@ type holding struct {
 	timer  *time.Timer   // loses the holding at expires
 
 	writeMu sync.Mutex // one renewal or SetValue at a time
+	watch   *waitWatch // the waiter's watch, for the guard to go on with; may be nil
 
 	mu      sync.Mutex
 	ended   bool
@@ -240,6 +241,11 @@ func (h *holding) write(ctx context.Context, rec []byte) (time.Time, error) {
 func (h *holding) renewLoop() {
 	defer close(h.loop)
 	l := h.l
+	if l.cfg.FenceKey {
+		guarded := make(chan struct{})
+		go h.guard(guarded)
+		defer func() { <-guarded }()
+	}
 	retry := backoff.NewExponentialBackOff()
 	retry.InitialInterval = max(l.cfg.RenewInterval/20, time.Millisecond)
 	retry.MaxInterval = max(l.cfg.RenewInterval/4, time.Millisecond)
@@ -279,6 +285,52 @@ func (h *holding) renewLoop() {
 			// is harmless whether or not this one was applied.
 			l.log.Debug("renewal failed; retrying", "error", err)
 			next.Reset(retry.NextBackOff())
+		}
+	}
+}
+
+// guard watches the key while a FenceKey holding lasts, and loses the
+// holding as soon as the key is deleted (by someone else, or lost by a
+// store) or taken by another holder. A renewal could not tell: its SET NEX
+// would simply create the key again, after another holder may have held
+// it in between. It closes done when it returns, after the holding ended.
+func (h *holding) guard(done chan<- struct{}) {
+	defer close(done)
+	l := h.l
+	var w *sskv.Watcher
+	if h.watch != nil {
+		w = h.watch.w
+		stop := context.AfterFunc(h.ctx, h.watch.cancel)
+		defer stop()
+		defer h.watch.cancel()
+	} else {
+		var err error
+		if w, err = l.c.Watch(h.ctx, l.cfg.Name); err != nil {
+			if h.ctx.Err() == nil {
+				l.log.Debug("cannot watch the held key; renewals alone guard it", "error", err)
+			}
+			<-h.ctx.Done()
+			return
+		}
+		defer w.Stop()
+	}
+	for {
+		select {
+		case <-h.ctx.Done():
+			return
+		case ev, ok := <-w.Events():
+			switch {
+			case !ok:
+				<-h.ctx.Done()
+				return
+			case !ev.Version.IsZero() && ev.Version.Before(h.token):
+				// A change from before this holding, still queued on the
+				// waiter's watch: the previous holder's renewals and release.
+			case ev.Op == sskv.OpDelete:
+				h.lose(fmt.Errorf("%w (the key was deleted)", ErrHeldByOther))
+			case ParseHolder(ev.Value, ev.Version).ID != l.cfg.HolderID:
+				h.lose(fmt.Errorf("%w (key version %v)", ErrHeldByOther, ev.Version))
+			}
 		}
 	}
 }

@@ -33,6 +33,8 @@ type Lock struct {
 	// undo lists the deletes that give the key back after an acquisition
 	// whose outcome is unknown. Guarded by the turn.
 	undo []undoDel
+	// watch is the watch of a wait under way, if any. Guarded by the turn.
+	watch *waitWatch
 
 	mu     sync.Mutex
 	cur    *holding // the latest holding; never nil (see notHeld)
@@ -334,6 +336,12 @@ func (l *Lock) attempt(ctx context.Context) (bool, error) {
 	}
 	l.undo = nil
 	h := newHolding(l, token, rec, sent)
+	if l.cfg.FenceKey && l.watch != nil {
+		if l.watch.detach() {
+			h.watch = l.watch // the guard goes on with the waiter's watch
+		}
+		l.watch = nil
+	}
 	l.mu.Lock()
 	l.cur = h
 	l.mu.Unlock()

@@ -36,9 +36,15 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 		lost    bool               // a check woken by a deletion lost the race to another waiter
 		delayed bool               // the delay timer wakes a deletion's check (not a retry)
 	)
-	// On return the watch ends at once; the client unregisters it in the
-	// background, so Lock does not wait for that round trip.
-	defer func() { wcancel() }()
+	// On return the watch ends at once (the client unregisters it in the
+	// background, so Lock does not wait for that round trip), unless the
+	// holding took it over (FenceKey: see holding.guard).
+	defer func() {
+		if l.watch != nil {
+			wcancel()
+			l.watch = nil
+		}
+	}()
 
 	retry := newBackoff(max(l.cfg.TTL/100, time.Millisecond), max(l.cfg.TTL/4, time.Millisecond))
 	race := newBackoff(time.Millisecond, min(l.cfg.TTL/10, 100*time.Millisecond))
@@ -79,7 +85,11 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 			if err == nil && w == nil {
 				// Watch the key, then check again: it may have been deleted
 				// before the watch was registered.
-				wctx, cancel := context.WithCancel(ctx)
+				// The watch ends with ctx while waiting, and may outlive it
+				// once the holding has taken it over.
+				wctx, cancelW := context.WithCancel(context.WithoutCancel(ctx))
+				stopOnCtx := context.AfterFunc(ctx, cancelW)
+				cancel := func() { stopOnCtx(); cancelW() }
 				if w, err = l.c.Watch(wctx, l.cfg.Name); err != nil {
 					cancel()
 					w = nil
@@ -90,6 +100,7 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 					retryLater()
 				} else {
 					wcancel = cancel
+					l.watch = &waitWatch{w: w, cancel: cancelW, detach: stopOnCtx}
 					check = true
 					continue
 				}
@@ -113,7 +124,7 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 				}
 				l.log.Debug("watch ended; watching again", "error", w.Err())
 				wcancel()
-				w, wcancel = nil, func() {}
+				w, wcancel, l.watch = nil, func() {}, nil
 				check = true
 			case ev.Op == sskv.OpDelete || ev.Resync:
 				// Released or expired (or changed while notifications were
@@ -133,6 +144,14 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 			check = true
 		}
 	}
+}
+
+// waitWatch is a waiter's watch of the key, which a FenceKey holding takes
+// over when the wait ends in an acquisition (see holding.guard).
+type waitWatch struct {
+	w      *sskv.Watcher
+	cancel context.CancelFunc // ends the watch
+	detach func() bool        // unties it from the wait's ctx; false if ctx has ended
 }
 
 func newBackoff(initial, maxD time.Duration) *backoff.ExponentialBackOff {
