@@ -167,7 +167,9 @@ func TestRefusedWriteEndsTheHolding(t *testing.T) {
 func TestOwnWritesNeverFenceEachOtherOff(t *testing.T) {
 	srv := startStore(t)
 	c := dial(t, srv.Addr())
-	ttl := 90 * time.Millisecond
+	// Renewals every TTL/3; long enough that a loaded machine running the
+	// race detector does not miss the renew deadline.
+	ttl := 240 * time.Millisecond
 	l := acquire(t, c, lock.Config{Name: "lock", TTL: ttl})
 	w := fenced.New(c, l)
 	end := time.Now().Add(10 * ttl)
