@@ -27,6 +27,7 @@ import (
 	"github.com/eclipse/paho.golang/packets"
 	"github.com/eclipse/paho.golang/paho"
 
+	"github.com/dsslock/dsslock/leader"
 	"github.com/dsslock/dsslock/lock"
 	"github.com/dsslock/dsslock/sskv"
 )
@@ -124,6 +125,9 @@ type tally struct {
 var (
 	respOK      = []byte("+OK\r\n")
 	respRefused = []byte(":-1\r\n") // SET NX/NEX not applied
+	// A leader's election key is fenced: a candidate's SET NEX is refused
+	// with this error instead of ":-1".
+	respFenced = []byte("-ERR a fencing token is required")
 )
 
 func (t *tally) add(payload []byte) {
@@ -136,7 +140,7 @@ func (t *tally) add(payload []byte) {
 	switch {
 	case bytes.Equal(payload, respOK):
 		t.sawOK = true
-	case bytes.Equal(payload, respRefused) && t.sawOK:
+	case (bytes.Equal(payload, respRefused) || bytes.HasPrefix(payload, respFenced)) && t.sawOK:
 		select {
 		case <-t.parked:
 		default:
@@ -478,6 +482,28 @@ func BenchmarkHandover(b *testing.B) {
 			c := e.ourClient(fmt.Sprintf("handover%d", j))
 			l := e.ourLock(c, lock.Config{Name: name, TTL: time.Minute})
 			ls[j] = locker{id: c.ID(), lock: l.Lock, unlock: l.Unlock}
+		}
+		handover(b, e, ls)
+	})
+	// Resign to new leader (package leader): the follower wakes on the
+	// DELETE and sends two SETs, the one that takes the key and the fenced
+	// one that records its term's token. The SDK has no leader election; its
+	// lock handover above is the comparison.
+	b.Run("dsslock-leader", func(b *testing.B) {
+		e := newBenchEnv(b)
+		name := e.key("e")
+		var ls [2]locker
+		for j := range ls {
+			c := e.ourClient(fmt.Sprintf("handover%d", j))
+			var term *leader.Term
+			ls[j] = locker{
+				id: c.ID(),
+				lock: func(ctx context.Context) (err error) {
+					term, err = leader.Campaign(ctx, c, name, []byte{byte('0' + j)}, leader.WithTTL(time.Minute))
+					return err
+				},
+				unlock: func(ctx context.Context) error { return term.Resign(ctx) },
+			}
 		}
 		handover(b, e, ls)
 	})
