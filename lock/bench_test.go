@@ -1,26 +1,15 @@
 package lock_test
 
 import (
-	"slices"
 	"testing"
 	"time"
 
+	"github.com/dsslock/dsslock/internal/storetest"
 	"github.com/dsslock/dsslock/lock"
 	"github.com/dsslock/dsslock/sskv"
 )
 
-// reportPercentiles reports the p50 and p99 of ds, in milliseconds.
-func reportPercentiles(b *testing.B, ds []time.Duration, unit string) {
-	if len(ds) == 0 {
-		return
-	}
-	slices.Sort(ds)
-	at := func(p float64) float64 {
-		return float64(ds[min(len(ds)-1, int(p*float64(len(ds))))]) / float64(time.Millisecond)
-	}
-	b.ReportMetric(at(0.50), "p50-"+unit)
-	b.ReportMetric(at(0.99), "p99-"+unit)
-}
+var reportPercentiles = storetest.ReportPercentiles
 
 // One uncontended acquisition and release: SET NEX PX, then VDEL.
 func BenchmarkTryLockUnlock(b *testing.B) {
