@@ -313,6 +313,11 @@ func (h *holding) guard(done chan<- struct{}) {
 			return
 		}
 		defer w.Stop()
+		// The watch reports changes after it was set up; one made while it
+		// was, shows in a read.
+		if res, err := l.c.Get(h.ctx, l.cfg.Name); err == nil && ParseHolder(res.Value, res.Version).ID != l.cfg.HolderID {
+			h.lose(fmt.Errorf("%w (the key was deleted or taken)", ErrHeldByOther))
+		}
 	}
 	for {
 		select {
