@@ -610,7 +610,11 @@ func TestKeyDeletedEndsTerm(t *testing.T) {
 	if _, err := other.Del(testCtx(t), "e", sskv.DelOptions{FencingToken: term.Token()}); err != nil {
 		t.Fatal(err)
 	}
-	<-term.Done()
+	select {
+	case <-term.Done():
+	case <-time.After(storetest.WaitTimeout):
+		t.Fatal("the term did not end when its key was deleted")
+	}
 	if !errors.Is(term.Err(), lock.ErrHeldByOther) {
 		t.Fatalf("Err after the key was deleted = %v; want ErrHeldByOther", term.Err())
 	}
