@@ -88,7 +88,7 @@ func BenchmarkCrashTakeover(b *testing.B) {
 			ctx := context.Background()
 			var ds []time.Duration
 			for b.Loop() {
-				c, err := sskv.Dial(ctx, sskv.Config{Addr: srv.Addr(), ClientID: "crash-" + time.Now().Format("150405.000000")})
+				c, err := sskv.Dial(ctx, sskv.Config{Addr: srv.Addr(), ClientID: storetest.ID(b)})
 				if err != nil {
 					b.Fatal(err)
 				}

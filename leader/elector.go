@@ -23,6 +23,7 @@ type Elector struct {
 	election string
 	value    []byte
 	o        options
+	ttl      time.Duration // validated, default filled in
 	log      *slog.Logger
 
 	mu   sync.Mutex
@@ -50,7 +51,7 @@ func NewElector(c *sskv.Client, election string, value []byte, opts ...Option) (
 	if o.logger == nil {
 		o.logger = slog.New(slog.DiscardHandler)
 	}
-	return &Elector{c: c, election: election, value: value, o: o, log: o.logger.With("election", election)}, nil
+	return &Elector{c: c, election: election, value: value, o: o, ttl: cfg.TTL, log: o.logger.With("election", election)}, nil
 }
 
 // Run campaigns and runs work while this candidate leads, until ctx ends
@@ -115,7 +116,7 @@ func (e *Elector) Run(ctx context.Context, work func(ctx context.Context, t *Ter
 		lost := t.Err() // nil if the term lasted until work returned
 
 		// The work has returned: now the key may go.
-		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), e.ttl())
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), e.ttl)
 		if err := t.Resign(rctx); err != nil {
 			e.log.Warn("could not resign; the term's key expires after the TTL", "error", err)
 		}
@@ -133,13 +134,6 @@ func (e *Elector) Run(ctx context.Context, work func(ctx context.Context, t *Ter
 			return werr
 		}
 	}
-}
-
-func (e *Elector) ttl() time.Duration {
-	if e.o.ttl > 0 {
-		return e.o.ttl
-	}
-	return lock.DefaultTTL
 }
 
 func (e *Elector) setTerm(t *Term) {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -16,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dsslock/dsslock/internal/faultproxy"
+	"github.com/dsslock/dsslock/internal/storetest"
 	"github.com/dsslock/dsslock/sskv"
 	"github.com/dsslock/dsslock/sskv/localstore"
 )
@@ -208,52 +208,15 @@ func startStore(t *testing.T) *localstore.Server {
 }
 
 // logBuffer collects a replica's log; tests wait for the lines they expect.
-type logBuffer struct {
-	mu      sync.Mutex
-	buf     bytes.Buffer
-	changed chan struct{} // closed and replaced on every write
-}
+type logBuffer struct{ *storetest.Output }
 
-func newLogBuffer() *logBuffer { return &logBuffer{changed: make(chan struct{})} }
+func newLogBuffer() *logBuffer { return &logBuffer{storetest.NewOutput()} }
 
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	close(b.changed)
-	b.changed = make(chan struct{})
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// waitFor waits until the log matches pattern and returns the submatches
-// of its first match.
 func (b *logBuffer) waitFor(t *testing.T, pattern string) []string {
 	t.Helper()
-	re := regexp.MustCompile(pattern)
-	timer := time.NewTimer(waitTimeout)
-	defer timer.Stop()
-	for {
-		b.mu.Lock()
-		m := re.FindStringSubmatch(b.buf.String())
-		ch := b.changed
-		b.mu.Unlock()
-		if m != nil {
-			return m
-		}
-		select {
-		case <-ch:
-		case <-timer.C:
-			t.Fatalf("timed out waiting for %q in the log:\n%s", pattern, b)
-		}
-	}
+	return b.WaitFor(t, regexp.MustCompile(pattern))
 }
 
-// lastMatch returns the first submatch of the last match of pattern.
 func (b *logBuffer) lastMatch(pattern string) string {
 	all := regexp.MustCompile(pattern).FindAllStringSubmatch(b.String(), -1)
 	if len(all) == 0 {

@@ -102,17 +102,17 @@ func TestElectHandover(t *testing.T) {
 		return startSSKV(t, append([]string{"-addr", srv.Addr(), "elect"}, args...)...)
 	}
 	obs := elect("-l", "svc")
-	obs.stdout.waitFor(t, regexp.MustCompile(`^none\n`))
-	obs.stderr.waitFor(t, regexp.MustCompile(`^observing svc \(Ctrl-C to stop\)\n$`))
+	obs.stdout.WaitFor(t, regexp.MustCompile(`^none\n`))
+	obs.stderr.WaitFor(t, regexp.MustCompile(`^observing svc \(Ctrl-C to stop\)\n$`))
 
 	cands := map[string]*sskvProc{"one": elect("svc", "one"), "two": elect("svc", "two")}
 	for _, p := range cands {
-		p.stderr.waitFor(t, campaigning)
+		p.stderr.WaitFor(t, campaigning)
 	}
-	m := obs.stdout.waitFor(t, regexp.MustCompile(`^none\nleader (one|two) `+tokenPattern+`\n`))
+	m := obs.stdout.WaitFor(t, regexp.MustCompile(`^none\nleader (one|two) `+tokenPattern+`\n`))
 	first, token1 := m[1], parseToken(t, m[2])
 	second := map[string]string{"one": "two", "two": "one"}[first]
-	cands[first].stdout.waitFor(t, regexp.MustCompile(`^leader `+first+` `+regexp.QuoteMeta(m[2])+`\n$`))
+	cands[first].stdout.WaitFor(t, regexp.MustCompile(`^leader `+first+` `+regexp.QuoteMeta(m[2])+`\n$`))
 	if out := cands[second].stdout.String(); out != "" {
 		t.Fatalf("both candidates lead: %s printed %q", second, out)
 	}
@@ -120,7 +120,7 @@ func TestElectHandover(t *testing.T) {
 	start := time.Now()
 	cands[first].signal(t, syscall.SIGTERM)
 	cands[first].wantExit(t, exitOK, "")
-	m = cands[second].stdout.waitFor(t, regexp.MustCompile(`^leader `+second+` `+tokenPattern+`\n$`))
+	m = cands[second].stdout.WaitFor(t, regexp.MustCompile(`^leader `+second+` `+tokenPattern+`\n$`))
 	// The TTL is 10 s: a takeover this soon follows the resignation.
 	if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("%s took over %v after %s was told to resign", second, d, first)
@@ -136,7 +136,7 @@ func TestElectHandover(t *testing.T) {
 	cands[second].wantExit(t, exitOK, "")
 	q := regexp.QuoteMeta
 	want := "none\nleader " + first + " " + token1.String() + "\nnone\nleader " + second + " " + m[1] + "\nnone\n"
-	obs.stdout.waitFor(t, regexp.MustCompile(`^`+q(want)+`$`))
+	obs.stdout.WaitFor(t, regexp.MustCompile(`^`+q(want)+`$`))
 	obs.signal(t, syscall.SIGTERM)
 	obs.wantExit(t, exitOK, "")
 	if got := obs.stdout.String(); got != want {
@@ -150,9 +150,9 @@ func TestElectHandover(t *testing.T) {
 func TestElectInterruptedCampaign(t *testing.T) {
 	srv := startStore(t, localstore.Config{})
 	leaderProc := startSSKV(t, "-addr", srv.Addr(), "elect", "svc", "one")
-	m := leaderProc.stdout.waitFor(t, regexp.MustCompile(`^leader one `+tokenPattern+`\n$`))
+	m := leaderProc.stdout.WaitFor(t, regexp.MustCompile(`^leader one `+tokenPattern+`\n$`))
 	waiting := startSSKV(t, "-addr", srv.Addr(), "elect", "svc", "two")
-	waiting.stderr.waitFor(t, campaigning)
+	waiting.stderr.WaitFor(t, campaigning)
 	waiting.signal(t, syscall.SIGINT)
 	waiting.wantExit(t, exitError, `sskv: elect "svc": interrupted while campaigning`)
 	if out := waiting.stdout.String(); out != "" {
@@ -181,14 +181,14 @@ func TestElectLostRenewDeadline(t *testing.T) {
 	t.Cleanup(func() { _ = proxy.Close() })
 
 	first := startSSKV(t, "-addr", proxy.Addr(), "elect", "-ttl", "600ms", "svc", "one")
-	m := first.stdout.waitFor(t, regexp.MustCompile(`^leader one `+tokenPattern+`\n$`))
+	m := first.stdout.WaitFor(t, regexp.MustCompile(`^leader one `+tokenPattern+`\n$`))
 	token1 := parseToken(t, m[1])
 	second := startSSKV(t, "-addr", srv.Addr(), "elect", "-ttl", "600ms", "svc", "two")
-	second.stderr.waitFor(t, campaigning)
+	second.stderr.WaitFor(t, campaigning)
 
 	proxy.Blackhole()
 	first.wantExit(t, exitLost, `sskv: elect "svc": leadership lost: renew deadline passed`)
-	m = second.stdout.waitFor(t, regexp.MustCompile(`^leader two `+tokenPattern+`\n$`))
+	m = second.stdout.WaitFor(t, regexp.MustCompile(`^leader two `+tokenPattern+`\n$`))
 	if token2 := parseToken(t, m[1]); !token2.After(token1) {
 		t.Errorf("the second term's token %v is not after the first's %v", token2, token1)
 	}
@@ -202,7 +202,7 @@ func TestElectLostRenewDeadline(t *testing.T) {
 func TestElectLostToNewerTerm(t *testing.T) {
 	srv := startStore(t, localstore.Config{})
 	p := startSSKV(t, "-addr", srv.Addr(), "elect", "-ttl", "1s", "svc", "one")
-	p.stdout.waitFor(t, regexp.MustCompile(`^leader one `+tokenPattern+`\n$`))
+	p.stdout.WaitFor(t, regexp.MustCompile(`^leader one `+tokenPattern+`\n$`))
 
 	c := dialStore(t, srv.Addr())
 	ctx := context.Background()

@@ -17,13 +17,13 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
 	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/internal/storetest"
 	"github.com/dsslock/dsslock/sskv"
 	"github.com/dsslock/dsslock/sskv/localstore"
 )
@@ -418,52 +418,11 @@ func TestTLS(t *testing.T) {
 	sskvRun(t, "-env", "get", "k").want(t, exitOK, "v\n(version "+v+")\n", "")
 }
 
-// syncBuffer is a buffer safe for concurrent use whose readers can wait for
-// what they expect to be written.
-type syncBuffer struct {
-	mu      sync.Mutex
-	buf     bytes.Buffer
-	changed chan struct{} // closed and replaced on every write
-}
+// syncBuffer collects a program's output; tests wait for the lines they
+// expect.
+type syncBuffer = storetest.Output
 
-func newSyncBuffer() *syncBuffer { return &syncBuffer{changed: make(chan struct{})} }
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	n, err := b.buf.Write(p)
-	close(b.changed)
-	b.changed = make(chan struct{})
-	return n, err
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// waitFor waits until the buffer's content matches re, and returns the
-// match's submatches.
-func (b *syncBuffer) waitFor(t *testing.T, re *regexp.Regexp) []string {
-	t.Helper()
-	timer := time.NewTimer(10 * time.Second)
-	defer timer.Stop()
-	for {
-		b.mu.Lock()
-		m := re.FindStringSubmatch(b.buf.String())
-		ch := b.changed
-		b.mu.Unlock()
-		if m != nil {
-			return m
-		}
-		select {
-		case <-ch:
-		case <-timer.C:
-			t.Fatalf("timed out waiting for %q; got:\n%s", re, b.String())
-		}
-	}
-}
+var newSyncBuffer = storetest.NewOutput
 
 const timePattern = `\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}(?:Z|[+-]\d\d:\d\d)`
 
@@ -475,7 +434,7 @@ func TestWatch(t *testing.T) {
 	go func() { done <- run(ctx, []string{"-addr", srv.Addr(), "watch", "k1", "k 2"}, nil, stdout, stderr) }()
 	t.Cleanup(func() { cancel(); <-done })
 
-	stderr.waitFor(t, regexp.MustCompile(`(?m)^watching k1 "k 2" \(Ctrl-C to stop\)\n`))
+	stderr.WaitFor(t, regexp.MustCompile(`(?m)^watching k1 "k 2" \(Ctrl-C to stop\)\n`))
 
 	v1 := setOK(t, "-addr", srv.Addr(), "set", "k1", "hello")
 	v2 := setOK(t, "-addr", srv.Addr(), "set", "k 2", "a b", "-px", "100ms")
@@ -483,12 +442,12 @@ func TestWatch(t *testing.T) {
 	sskvRun(t, "-addr", srv.Addr(), "del", "k1").want(t, exitOK, "DELETED "+v3+"\n", "")
 
 	q := regexp.QuoteMeta
-	stdout.waitFor(t, regexp.MustCompile(`(?m)^`+timePattern+` k1 SET hello `+q(v1)+`\n`))
-	stdout.waitFor(t, regexp.MustCompile(`(?m)^`+timePattern+` "k 2" SET "a b" `+q(v2)+`\n`))
-	stdout.waitFor(t, regexp.MustCompile(`(?m)^`+timePattern+` k1 SET "\\x01" `+q(v3)+`\n`))
-	stdout.waitFor(t, regexp.MustCompile(`(?m)^`+timePattern+` k1 DELETE - \d{15}:\d{5}:statestore\n`))
+	stdout.WaitFor(t, regexp.MustCompile(`(?m)^`+timePattern+` k1 SET hello `+q(v1)+`\n`))
+	stdout.WaitFor(t, regexp.MustCompile(`(?m)^`+timePattern+` "k 2" SET "a b" `+q(v2)+`\n`))
+	stdout.WaitFor(t, regexp.MustCompile(`(?m)^`+timePattern+` k1 SET "\\x01" `+q(v3)+`\n`))
+	stdout.WaitFor(t, regexp.MustCompile(`(?m)^`+timePattern+` k1 DELETE - \d{15}:\d{5}:statestore\n`))
 	// The expiry of "k 2" (-px 100ms) is a DELETE too.
-	stdout.waitFor(t, regexp.MustCompile(`(?m)^`+timePattern+` "k 2" DELETE - \d{15}:\d{5}:statestore\n`))
+	stdout.WaitFor(t, regexp.MustCompile(`(?m)^`+timePattern+` "k 2" DELETE - \d{15}:\d{5}:statestore\n`))
 
 	cancel()
 	select {

@@ -4,10 +4,13 @@
 package storetest
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -90,4 +93,52 @@ func ReportPercentiles(b *testing.B, ds []time.Duration, unit string) {
 	}
 	b.ReportMetric(at(0.50), "p50-"+unit)
 	b.ReportMetric(at(0.99), "p99-"+unit)
+}
+
+// Output collects what a program under test writes (its stdout, stderr or
+// log), safe for concurrent use; a test waits for the lines it expects.
+type Output struct {
+	mu      sync.Mutex
+	buf     bytes.Buffer
+	changed chan struct{} // closed and replaced on every write
+}
+
+// NewOutput returns an empty Output.
+func NewOutput() *Output { return &Output{changed: make(chan struct{})} }
+
+func (o *Output) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	n, err := o.buf.Write(p)
+	close(o.changed)
+	o.changed = make(chan struct{})
+	return n, err
+}
+
+func (o *Output) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.buf.String()
+}
+
+// WaitFor waits until re matches what was written and returns the match
+// and its submatches, or fails the test after WaitTimeout.
+func (o *Output) WaitFor(t testing.TB, re *regexp.Regexp) []string {
+	t.Helper()
+	timer := time.NewTimer(WaitTimeout)
+	defer timer.Stop()
+	for {
+		o.mu.Lock()
+		m := re.FindStringSubmatch(o.buf.String())
+		ch := o.changed
+		o.mu.Unlock()
+		if m != nil {
+			return m
+		}
+		select {
+		case <-ch:
+		case <-timer.C:
+			t.Fatalf("timed out waiting for %q; got:\n%s", re, o)
+		}
+	}
 }
