@@ -124,6 +124,16 @@ type Config struct {
 
 	// Logger receives the client's logs. Default: discarded.
 	Logger *slog.Logger
+
+	// WallClock is the wall clock read by the client's hybrid logical clock,
+	// which stamps every request (__ts). Default: time.Now. It is for tests
+	// that simulate a host whose clock is skewed, e.g.
+	// func() time.Time { return time.Now().Add(2 * time.Minute) }; the
+	// state store refuses requests stamped more than a minute ahead of its
+	// own clock ([ErrTimestampSkew]). It is called with the clock's lock
+	// held and must not block. Timeouts, keep alives and backoffs use the
+	// real clock whatever it returns.
+	WallClock func() time.Time
 }
 
 // maxMQTTPacket is the largest packet MQTT can encode: a Remaining Length

@@ -95,7 +95,7 @@ type connState struct {
 type errBox struct{ err error }
 
 func newClient(cfg Config) (*Client, error) {
-	clock, err := hlc.NewClock(cfg.ClientID)
+	clock, err := hlc.NewClock(cfg.ClientID, hlc.WithWallClock(cfg.WallClock))
 	if err != nil {
 		return nil, configErr("ClientID: %v", err)
 	}
