@@ -24,7 +24,11 @@
 // request. A waiter that lost a race for the key waits a short random time
 // before its next try. After a reconnect the watch reports that it may have
 // missed changes and the waiter checks at once; as a last safeguard it also
-// checks after 10 TTLs without news.
+// checks after 10 TTLs without news. A timeout or a lost connection is
+// retried; a request the store refuses (a *sskv.ServiceError: a clock more
+// than a minute ahead of the store's, sskv.ErrTimestampSkew, or no
+// authorisation) ends the wait at once with that error, since it would be
+// refused again.
 //
 // # Fenced keys and published values
 //

@@ -81,10 +81,12 @@ func (l *Lock) Config() Config { return l.cfg }
 
 // TryLock makes one attempt to acquire the lock (SET NEX PX) and reports
 // whether it did. Not acquiring it because someone else holds it is not an
-// error. An error means the outcome is unknown (a timeout, a lost
-// connection): the Lock holds nothing, and deletes the key if it took it, in
-// the background (TryLock returns by ctx's deadline), before its next
-// acquisition or Close goes ahead.
+// error. An error that wraps a *sskv.ServiceError is the store's refusal
+// (e.g. sskv.ErrTimestampSkew): nothing was acquired. Any other error means
+// the outcome is unknown (a timeout, a lost connection): the Lock holds
+// nothing, and deletes the key if it took it, in the background (TryLock
+// returns by ctx's deadline), before its next acquisition or Close goes
+// ahead.
 func (l *Lock) TryLock(ctx context.Context) (bool, error) {
 	if err := l.begin(ctx); err != nil {
 		return false, err
@@ -114,7 +116,10 @@ func (l *Lock) TryLock(ctx context.Context) (bool, error) {
 //
 // If ctx ends first, Lock returns ctx's error (wrapped) and holds nothing:
 // if its last attempt had an unknown outcome, it deletes the key if it took
-// it, as TryLock does.
+// it, as TryLock does. A request the store refuses (a *sskv.ServiceError,
+// e.g. sskv.ErrTimestampSkew: this client's clock is more than a minute
+// ahead of the store's) ends Lock at once with that error: the same request
+// would be refused again. Timeouts and lost connections are retried.
 func (l *Lock) Lock(ctx context.Context) error {
 	if err := l.begin(ctx); err != nil {
 		return err
@@ -305,6 +310,9 @@ func (l *Lock) attempt(ctx context.Context) (bool, error) {
 	case errors.Is(err, sskv.ErrFencingTokenRequired):
 		l.undo = nil
 		return false, nil // a holder with FenceKey has the key
+	case refused(err):
+		l.undo = nil // the store answered that it did not apply the SET
+		return false, err
 	case err != nil:
 		return false, err
 	case !res.Applied:
@@ -374,6 +382,15 @@ func (l *Lock) value() []byte {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.val
+}
+
+// refused reports whether err is the state store's refusal of a request
+// (a *sskv.ServiceError): the request was not applied, and the same request
+// would be refused again, e.g. sskv.ErrTimestampSkew when this client's
+// clock is more than a minute ahead of the store's, or sskv.ErrNotAuthorized.
+func refused(err error) bool {
+	var se *sskv.ServiceError
+	return errors.As(err, &se)
 }
 
 // errAnsweredLate: an acquisition applied, but its answer came after the

@@ -70,7 +70,9 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 			case ok:
 				return false, nil
 			case err != nil:
-				if ctx.Err() != nil || errors.Is(err, ErrAlreadyHeld) || errors.Is(err, sskv.ErrClosed) {
+				// The store's refusal (a clock too far ahead, not authorized)
+				// would be repeated: give up rather than retry until ctx ends.
+				if ctx.Err() != nil || errors.Is(err, ErrAlreadyHeld) || errors.Is(err, sskv.ErrClosed) || refused(err) {
 					return giveUp(err)
 				}
 				// A timeout or a lost connection: try again soon. The same
@@ -93,7 +95,7 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 				if w, err = l.c.Watch(wctx, l.cfg.Name); err != nil {
 					cancel()
 					w = nil
-					if ctx.Err() != nil || errors.Is(err, sskv.ErrClosed) {
+					if ctx.Err() != nil || errors.Is(err, sskv.ErrClosed) || refused(err) {
 						return giveUp(err)
 					}
 					l.log.Debug("watch failed; retrying", "error", err)
