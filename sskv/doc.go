@@ -37,7 +37,11 @@
 // clock with the versions the service returns, so the __ts it sends never
 // goes backwards relative to what it has seen; the service refuses a __ts or
 // fencing token more than a minute ahead of its own clock ([ErrTimestampSkew],
-// [ErrFencingTokenSkew]), so keep clocks synchronised.
+// [ErrFencingTokenSkew]), so keep clocks synchronised. Such a refusal is
+// answered at once and not retried. The client's clock never goes back: a
+// client whose system clock ran more than a minute ahead stays refused after
+// the clock is set right, until real time passes the furthest time it read
+// (or the client is recreated).
 //
 // # Connections, reconnects and requests in flight
 //
