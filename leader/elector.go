@@ -54,8 +54,9 @@ func NewElector(c *sskv.Client, election string, value []byte, opts ...Option) (
 	return &Elector{c: c, election: election, value: value, o: o, ttl: cfg.TTL, log: o.logger.With("election", election)}, nil
 }
 
-// Run campaigns and runs work while this candidate leads, until ctx ends
-// or work returns while still leading.
+// Run campaigns and runs work while this candidate leads, until ctx ends,
+// work returns while still leading, or a campaign fails (the store refused
+// it: see [Campaign]); it then returns the campaign's error.
 //
 // work gets a context that ends when the term ends or ctx does, and the
 // term (for its token, fenced writers and Proclaim). When the term is

@@ -15,9 +15,12 @@ import (
 
 // Campaign blocks until this candidate leads the election (the state store
 // key named election) and returns its term, publishing value (an address,
-// say) for observers. It returns an error only if ctx ends first (or the
-// client is closed, or the options are invalid); a campaign that gives up
-// leaves no key behind, even if its last attempt had an unknown outcome.
+// say) for observers. It returns an error only if ctx ends first, the
+// client is closed, the options are invalid, or the store refuses a request
+// (an error wrapping a *sskv.ServiceError, e.g. sskv.ErrTimestampSkew when
+// this client's clock is more than a minute ahead of the store's; trying
+// again would be refused the same way). A campaign that gives up leaves no
+// key behind, even if its last attempt had an unknown outcome.
 //
 // While another candidate leads, Campaign sleeps on the key's notifications
 // and sends no request; it tries at once when the key is deleted, by a
