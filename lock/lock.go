@@ -388,9 +388,12 @@ func (l *Lock) value() []byte {
 // (a *sskv.ServiceError): the request was not applied, and the same request
 // would be refused again, e.g. sskv.ErrTimestampSkew when this client's
 // clock is more than a minute ahead of the store's, or sskv.ErrNotAuthorized.
+//
+// A refusal because of a fencing token (another holder's key) is not one:
+// that holder can go, and a waiter waits for it.
 func refused(err error) bool {
 	var se *sskv.ServiceError
-	return errors.As(err, &se)
+	return errors.As(err, &se) && !errors.Is(err, sskv.ErrFencingTokenLower) && !errors.Is(err, sskv.ErrFencingTokenRequired)
 }
 
 // errAnsweredLate: an acquisition applied, but its answer came after the
