@@ -92,8 +92,25 @@
 //	defer srv.Close()
 //	addr := srv.Addr() // "127.0.0.1:NNNNN"
 //
-// Kick and Drop disconnect a client, and SetClockOffset skews the store's
-// clock, to test what a client does when those happen.
+// # Fault injection
+//
+// A Server injects faults, to test what a client does when they happen:
+//
+//   - Kick disconnects a client the way an administrator would (DISCONNECT
+//     0x98); Drop cuts its connection without a word, as a network failure.
+//   - Hold freezes one direction, or both, of a client's current connection
+//     until Release, as a network path that stops passing packets: what it
+//     holds back goes through on Release, but a hold longer than the
+//     client's keep-alive x 1.5 (reads) or Config.WriteTimeout (writes)
+//     ends the connection, as it would on a real network.
+//   - SetResponseFault delays a client's responses (in order), or executes
+//     its requests and never answers them, so that the client cannot know
+//     whether they were applied.
+//   - SetClockOffset skews the store's clock.
+//
+// Hold ends with the connection it holds. To cut a client off across its
+// reconnects, or to fault the traffic between a client and any broker, use
+// the TCP proxy of package github.com/dsslock/dsslock/faultproxy.
 //
 // What it does not do: keep data beyond Close (aio-persistence is accepted and
 // ignored), clustering, or MQTT features beyond what mochi-mqtt provides. It

@@ -2,13 +2,16 @@ package localstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
+	"time"
 
 	"github.com/eclipse/paho.golang/paho"
 
 	"github.com/dsslock/dsslock/hlc"
 	"github.com/dsslock/dsslock/internal/rawmqtt"
+	"github.com/dsslock/dsslock/sskv"
 	"github.com/dsslock/dsslock/sskv/internal/resp"
 	"github.com/dsslock/dsslock/sskv/internal/wire"
 	"github.com/dsslock/dsslock/sskv/localstore"
@@ -47,4 +50,37 @@ func ExampleStart() {
 	// Output:
 	// SET: "+OK\r\n"
 	// GET: "$5\r\nhello\r\n"
+}
+
+// A test of what a client does when the store applies its write but the
+// answer is lost: the client's request times out, and the write is there.
+func ExampleServer_SetResponseFault() {
+	srv, err := localstore.Start(localstore.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := sskv.Dial(ctx, sskv.Config{Addr: srv.Addr(), ClientID: "worker"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	srv.SetResponseFault("worker", localstore.ResponseFault{Drop: true})
+	short, cancelShort := context.WithTimeout(ctx, 500*time.Millisecond)
+	_, err = c.Set(short, "job", []byte("done"), sskv.SetOptions{})
+	cancelShort()
+	fmt.Println("SET timed out:", errors.Is(err, context.DeadlineExceeded))
+
+	srv.SetResponseFault("worker", localstore.ResponseFault{}) // answers again
+	res, err := c.Get(ctx, "job")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("GET: %s\n", res.Value)
+	// Output:
+	// SET timed out: true
+	// GET: done
 }

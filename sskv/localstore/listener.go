@@ -64,7 +64,7 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 			_ = conn.Close()
 			return
 		}
-		dc := &deadlineConn{Conn: conn, s: l.s}
+		dc := newDeadlineConn(conn, l.s)
 		l.conns[dc] = struct{}{}
 		l.wg.Add(1)
 		l.mu.Unlock()
@@ -106,6 +106,9 @@ func (l *listener) Close(listeners.CloseFn) {
 	l.mu.Lock()
 	for c := range l.conns {
 		_ = c.SetWriteDeadline(deadline) // a DISCONNECT must not block on a client that does not read
+		if c.holding(FromStore) {
+			_ = c.Close() // nor on a hold
+		}
 	}
 	l.mu.Unlock()
 	// The broker's own closeClients can deadlock: it read-locks its client
@@ -140,15 +143,40 @@ func (l *listener) Close(listeners.CloseFn) {
 // connected. A write that does not complete in time may have left part of a
 // packet on the wire, so the connection is closed: the client is gone, and
 // the broker's read of the connection ends as for any dropped client.
+//
+// It is also where Server.Hold stops a connection's traffic (see gate).
 type deadlineConn struct {
 	net.Conn
 	s       *Server
 	limit   atomic.Int64 // a write deadline set from outside (Close), unix ns; 0: none
 	broken  atomic.Bool
 	closing sync.Once
+	gate    gate
+}
+
+func newDeadlineConn(conn net.Conn, s *Server) *deadlineConn {
+	c := &deadlineConn{Conn: conn, s: s}
+	c.gate.closed = make(chan struct{})
+	return c
 }
 
 var errWriteTimedOut = errors.New("localstore: an earlier write timed out; connection closed")
+
+// Read reads from the socket, and returns what it read only once reads are
+// not held (see Server.Hold). A read does not start while reads are held; one
+// in progress when the hold begins keeps what it gets until the hold ends.
+func (c *deadlineConn) Read(b []byte) (int, error) {
+	if err := c.await(ToStore, time.Time{}); err != nil {
+		return 0, err
+	}
+	n, err := c.Conn.Read(b)
+	if n > 0 {
+		if herr := c.await(ToStore, time.Time{}); herr != nil {
+			return 0, herr // the connection ends: what was read does not matter
+		}
+	}
+	return n, err
+}
 
 func (c *deadlineConn) Write(b []byte) (int, error) {
 	if c.broken.Load() {
@@ -158,16 +186,25 @@ func (c *deadlineConn) Write(b []byte) (int, error) {
 	if l := c.limit.Load(); l != 0 && l < d.UnixNano() {
 		d = time.Unix(0, l)
 	}
-	_ = c.Conn.SetWriteDeadline(d)
-	n, err := c.Conn.Write(b)
+	var n int
+	err := c.await(FromStore, d)
+	if err == nil {
+		_ = c.Conn.SetWriteDeadline(d)
+		n, err = c.Conn.Write(b)
+	}
 	if err != nil && !c.broken.Swap(true) {
-		if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		if isTimeout(err) {
 			c.s.log.Warn("closed connection: client not reading, a write did not complete in time",
 				"remote", c.RemoteAddr().String(), "write_timeout", c.s.cfg.WriteTimeout, "bytes", len(b), "written", n)
 		}
 		_ = c.Close()
 	}
 	return n, err
+}
+
+func isTimeout(err error) bool {
+	ne, ok := err.(net.Error)
+	return ok && ne.Timeout()
 }
 
 // lingerTimeout bounds how long a closed connection is read (and discarded)
@@ -185,6 +222,7 @@ const lingerTimeout = 2 * time.Second
 // (or lingerTimeout) and then closes the socket.
 func (c *deadlineConn) Close() error {
 	c.closing.Do(func() {
+		c.shutGate()
 		tcp, _ := c.Conn.(*net.TCPConn)
 		if tc, ok := c.Conn.(*tls.Conn); ok {
 			tcp, _ = tc.NetConn().(*net.TCPConn)
@@ -209,12 +247,14 @@ func (c *deadlineConn) linger(d time.Duration) {
 // closeNow closes the socket at once.
 func (c *deadlineConn) closeNow() {
 	c.closing.Do(func() {})
+	c.shutGate()
 	_ = c.Conn.Close()
 }
 
 // SetDeadline sets the read deadline only: mochi calls it with its keep-alive
-// deadline, which must not lengthen the bound on writes.
-func (c *deadlineConn) SetDeadline(t time.Time) error { return c.Conn.SetReadDeadline(t) }
+// deadline, which must not lengthen the bound on writes. A held read obeys it
+// too.
+func (c *deadlineConn) SetDeadline(t time.Time) error { return c.setReadDeadline(t) }
 
 // SetWriteDeadline sets an absolute limit that every later write also obeys.
 func (c *deadlineConn) SetWriteDeadline(t time.Time) error {
@@ -258,6 +298,7 @@ func (s *Server) takeOver(cl *mqtt.Client) {
 	if prev == nil {
 		return
 	}
+	cutHeld(prev.cl)
 	_ = s.broker.DisconnectClient(prev.cl, packets.ErrSessionTakenOver)
 	t := time.NewTimer(takeOverTimeout)
 	defer t.Stop()

@@ -20,8 +20,8 @@ import (
 
 // Errors returned by Server methods.
 var (
-	// ErrNoClient is returned by Kick and Drop when no client with the given
-	// id is connected.
+	// ErrNoClient is returned by Kick, Drop and Hold when no client with the
+	// given id is connected.
 	ErrNoClient = errors.New("localstore: no such connected client")
 	// ErrClosed is returned by Start when the listener could not be opened and
 	// by methods called after Close.
@@ -139,6 +139,9 @@ type Server struct {
 
 	requests sync.Map // client id -> *atomic.Int64: requests received (see Requests)
 
+	faultMu sync.Mutex
+	faults  map[string]*clientFaults // by client id (see SetResponseFault)
+
 	// observe, set only by tests, sees every notification as it is published.
 	observe func(clientID, key string, payload []byte, ts string)
 
@@ -192,6 +195,7 @@ func Start(cfg Config) (*Server, error) {
 		conns:    make(map[string]*mqtt.Client),
 		latest:   make(map[string]*connRec),
 		recs:     make(map[net.Conn]*connRec),
+		faults:   make(map[string]*clientFaults),
 		stop:     make(chan struct{}),
 		loopDone: make(chan struct{}),
 	}
@@ -288,8 +292,10 @@ func (s *Server) TLSAddr() string {
 // Close disconnects every client (each gets a DISCONNECT "server shutting
 // down"), stops the listeners and the expiry timer, and returns once every
 // goroutine of the server has ended. Clients that do not take their DISCONNECT
-// within Config.CloseTimeout have their connections cut, so Close never hangs.
-// Data is kept in memory only: it is gone after Close.
+// within Config.CloseTimeout have their connections cut, so Close never hangs;
+// those whose traffic from the store is held (Hold) are cut at once. Delayed
+// responses (SetResponseFault) not yet sent are discarded. Data is kept in
+// memory only: it is gone after Close.
 func (s *Server) Close() error {
 	s.closeOnce.Do(func() {
 		s.closed.Store(true)
@@ -305,7 +311,8 @@ func (s *Server) Close() error {
 // would: it sends DISCONNECT (reason 0x98, administrative action) and closes
 // the connection. It returns once the store has finished with the connection:
 // the client's watches have ended and Connected reports false (unless the
-// client has already reconnected).
+// client has already reconnected). A connection whose traffic from the store
+// is held (Hold) is closed at once, without DISCONNECT.
 func (s *Server) Kick(clientID string) error {
 	return s.disconnect(clientID, func(cl *mqtt.Client) {
 		_ = s.broker.DisconnectClient(cl, packets.ErrAdministrativeAction)
@@ -334,6 +341,7 @@ func (s *Server) disconnect(clientID string, how func(*mqtt.Client)) error {
 	if cl == nil {
 		return fmt.Errorf("%w: %q", ErrNoClient, clientID)
 	}
+	cutHeld(cl)
 	how(cl)
 	if rec != nil {
 		t := time.NewTimer(s.cfg.CloseTimeout)
@@ -411,9 +419,10 @@ func (s *Server) current(clientID string) *mqtt.Client {
 }
 
 // handleRequest executes a PUBLISH to the invoke topic and publishes the
-// response. It runs on the publishing client's read goroutine, so the requests
-// of one connection are executed in order. A non-nil result is the reason code
-// of the request's PUBACK: the request was not executed.
+// response (as the client's ResponseFault says). It runs on the publishing
+// client's read goroutine, so the requests of one connection are executed in
+// order. A non-nil result is the reason code of the request's PUBACK: the
+// request was not executed.
 func (s *Server) handleRequest(cl *mqtt.Client, pk packets.Packet) error {
 	n, ok := s.requests.Load(cl.ID)
 	if !ok {
@@ -449,16 +458,16 @@ func (s *Server) handleRequest(cl *mqtt.Client, pk packets.Packet) error {
 	switch {
 	case pk.FixedHeader.Qos != 1:
 		s.log.Warn("refused state store request not at QoS 1", "client", cl.ID, "qos", pk.FixedHeader.Qos)
-		s.respond(respTopic, corr, result{payload: resp.AppendError(nil, MsgNotQoS1)})
+		s.reply(cl.ID, respTopic, corr, result{payload: resp.AppendError(nil, MsgNotQoS1)})
 		return nil
 	case len(corr) == 0:
 		s.log.Warn("refused state store request without correlation data", "client", cl.ID)
-		s.respond(respTopic, corr, result{payload: resp.AppendError(nil, MsgNoCorrelation)})
+		s.reply(cl.ID, respTopic, corr, result{payload: resp.AppendError(nil, MsgNoCorrelation)})
 		return nil
 	}
 
 	res := s.serve(clientRef{id: cl.ID, cl: cl}, string(cl.Properties.Username), pk.Payload, pk.Properties.User)
-	s.respond(respTopic, corr, res)
+	s.reply(cl.ID, respTopic, corr, res)
 	return nil
 }
 
