@@ -10,9 +10,9 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/dsslock/dsslock/faultproxy"
 	"github.com/dsslock/dsslock/fenced"
 	"github.com/dsslock/dsslock/hlc"
-	"github.com/dsslock/dsslock/internal/faultproxy"
 	"github.com/dsslock/dsslock/internal/storetest"
 	"github.com/dsslock/dsslock/lock"
 	"github.com/dsslock/dsslock/sskv"

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dsslock/dsslock/internal/faultproxy"
+	"github.com/dsslock/dsslock/faultproxy"
 	"github.com/dsslock/dsslock/lock"
 	"github.com/dsslock/dsslock/sskv"
 )

@@ -13,8 +13,8 @@ import (
 
 	"github.com/eclipse/paho.golang/packets"
 
+	"github.com/dsslock/dsslock/faultproxy"
 	"github.com/dsslock/dsslock/hlc"
-	"github.com/dsslock/dsslock/internal/faultproxy"
 	"github.com/dsslock/dsslock/sskv"
 	"github.com/dsslock/dsslock/sskv/localstore"
 )

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dsslock/dsslock/internal/faultproxy"
+	"github.com/dsslock/dsslock/faultproxy"
 	"github.com/dsslock/dsslock/sskv"
 	"github.com/dsslock/dsslock/sskv/localstore"
 )

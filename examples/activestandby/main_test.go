@@ -14,7 +14,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/dsslock/dsslock/internal/faultproxy"
+	"github.com/dsslock/dsslock/faultproxy"
 	"github.com/dsslock/dsslock/internal/storetest"
 	"github.com/dsslock/dsslock/sskv"
 	"github.com/dsslock/dsslock/sskv/localstore"

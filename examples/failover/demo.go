@@ -11,9 +11,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dsslock/dsslock/faultproxy"
 	"github.com/dsslock/dsslock/fenced"
 	"github.com/dsslock/dsslock/hlc"
-	"github.com/dsslock/dsslock/internal/faultproxy"
 	"github.com/dsslock/dsslock/leader"
 	"github.com/dsslock/dsslock/sskv"
 	"github.com/dsslock/dsslock/sskv/localstore"

@@ -12,7 +12,7 @@
 // fenced read-modify-write (fenced.Writer.Edit, fenced with its term), and
 // counts the writes the store accepted and those refused as stale. Each
 // candidate has its own connection, through a fault-injecting TCP proxy
-// (internal/faultproxy), so the demo can cut or freeze it. Then:
+// (package faultproxy), so the demo can cut or freeze it. Then:
 //
 //  1. Handover. The first leader stops its work and resigns (Term.Resign):
 //     the next leader is elected within milliseconds, without waiting for

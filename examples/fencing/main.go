@@ -25,9 +25,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dsslock/dsslock/faultproxy"
 	"github.com/dsslock/dsslock/fenced"
 	"github.com/dsslock/dsslock/hlc"
-	"github.com/dsslock/dsslock/internal/faultproxy"
 	"github.com/dsslock/dsslock/lock"
 	"github.com/dsslock/dsslock/sskv"
 	"github.com/dsslock/dsslock/sskv/localstore"

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dsslock/dsslock/faultproxy"
 	"github.com/dsslock/dsslock/hlc"
-	"github.com/dsslock/dsslock/internal/faultproxy"
 	"github.com/dsslock/dsslock/leader"
 	"github.com/dsslock/dsslock/sskv"
 	"github.com/dsslock/dsslock/sskv/localstore"

@@ -12,7 +12,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/dsslock/dsslock/internal/faultproxy"
+	"github.com/dsslock/dsslock/faultproxy"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
