@@ -1,13 +1,7 @@
-// Package faultproxy is a TCP proxy for tests that injects network faults
-// between a client and a server: it can freeze the connections open now
-// (a half-open connection: a dead NAT mapping, a frozen peer), resume them,
-// and cut every connection.
-//
-// A Proxy listens on 127.0.0.1 and forwards each connection it accepts to
-// its target. Every goroutine it starts ends before [Proxy.Close] returns.
 package faultproxy
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +9,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Options configure a [Proxy]. The zero value is a plain proxy with the
@@ -22,8 +17,9 @@ import (
 type Options struct {
 	// BufferSize, when positive, sets the send and receive buffers
 	// (SO_SNDBUF, SO_RCVBUF) of both sockets of every connection, and bounds
-	// what the proxy holds per direction of a frozen connection. Small
-	// buffers make a writer to a frozen connection block soon. The kernel
+	// what the proxy holds per direction of a frozen or delayed connection
+	// (default 64 KiB). Small buffers make a writer to a frozen connection
+	// block soon. The kernel
 	// may round the size up (Linux doubles it and has a minimum). On
 	// loopback, whose segments are 64 KiB, sizes below about 32 KiB can
 	// stall a connection in the kernel's zero-window probing for seconds:
@@ -44,6 +40,13 @@ type Proxy struct {
 	wg     sync.WaitGroup
 
 	accepted atomic.Int64
+	delay    atomic.Pointer[delayState]
+}
+
+// delayState is the delay in effect; changed is closed when it is replaced.
+type delayState struct {
+	d       time.Duration
+	changed chan struct{}
 }
 
 // Start listens on 127.0.0.1 (a free port) and forwards every connection to
@@ -54,6 +57,7 @@ func Start(target string, opts Options) (*Proxy, error) {
 		return nil, fmt.Errorf("faultproxy: %w", err)
 	}
 	p := &Proxy{ln: ln, target: target, opts: opts, links: make(map[*link]struct{})}
+	p.delay.Store(&delayState{changed: make(chan struct{})})
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
@@ -66,8 +70,8 @@ func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 func (p *Proxy) Accepted() int { return int(p.accepted.Load()) }
 
 // Links is the number of proxied connections open now: a connection stops
-// counting as soon as either of its sides is closed (the proxy then closes
-// the other side too).
+// counting as soon as the proxy closes it, which it does when either of its
+// sides is closed (with a delay set, once the close has been delayed too).
 func (p *Proxy) Links() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -89,6 +93,28 @@ func (p *Proxy) Blackhole() {
 	for l := range p.links {
 		l.freeze()
 	}
+}
+
+// SetDelay adds latency: from now on every chunk of bytes the proxy
+// forwards, in either direction, on the connections open now and on later
+// ones, is delivered d after the proxy read it. A request and its response
+// thus take 2d longer. Bytes stay in order, and a side's clean close (EOF)
+// reaches the other side d later, after the bytes before it; a side that
+// fails (a reset) ends the connection at once. The new d also applies to
+// the chunks already waiting, each delivered once d has passed since it was
+// read: SetDelay(0), or a negative d, removes the delay and delivers them at
+// once.
+//
+// The proxy holds at most Options.BufferSize bytes (default 64 KiB) per
+// direction of a connection, the bytes in flight, so a delay also bounds a
+// connection's throughput to about that much per d, as a TCP window does.
+// [Proxy.Blackhole], [Proxy.Cut] and [Proxy.Close] still act at once: a
+// frozen connection delivers nothing, due or not, and Close does not wait
+// for the bytes in flight.
+func (p *Proxy) SetDelay(d time.Duration) {
+	d = max(d, 0)
+	old := p.delay.Swap(&delayState{d: d, changed: make(chan struct{})})
+	close(old.changed)
 }
 
 // Heal resumes every frozen connection.
@@ -155,7 +181,7 @@ func (p *Proxy) serve(c net.Conn) {
 	// Close also end a connection still being set up.
 	dialCtx, cancelDial := context.WithCancel(context.Background())
 	defer cancelDial()
-	l := &link{client: c, hold: hold, done: make(chan struct{}), cancelDial: cancelDial}
+	l := &link{p: p, client: c, hold: hold, done: make(chan struct{}), cancelDial: cancelDial}
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -203,6 +229,7 @@ func (p *Proxy) setBuffers(c net.Conn) {
 
 // link is one proxied connection.
 type link struct {
+	p      *Proxy
 	client net.Conn
 	server net.Conn // nil while the target is dialled; guarded by mu
 	hold   int
@@ -270,16 +297,26 @@ func (l *link) setServer(s net.Conn) bool {
 	return true
 }
 
-// pipe copies from src to dst. While the link is frozen it goes on reading
-// into its held data, up to l.hold bytes, and forwards nothing; the held
-// data is written out after the link resumes. A reader and a writer
-// goroutine per direction let the proxy notice a side that closes while it
-// holds data for a frozen link.
+// chunk is what one read returned, with the time it was read.
+type chunk struct {
+	b  []byte
+	at time.Time
+}
+
+// pipe copies from src to dst. Each chunk it reads is written out once the
+// delay in effect has passed since it was read, and the link is not
+// frozen. While it waits, and while the link is frozen, it goes on reading
+// into its held chunks, up to l.hold bytes, and forwards nothing; the held
+// chunks are written out, in order, when they are due. A reader and a
+// writer goroutine per direction let the proxy notice a side that closes
+// while it holds data for a frozen or delayed link.
 func (l *link) pipe(dst, src net.Conn) {
 	var (
 		mu      sync.Mutex
-		held    []byte
+		held    []chunk
+		size    int // bytes in held
 		srcDone bool
+		srcEnd  time.Time                // when src ended
 		ready   = make(chan struct{}, 1) // something to write, or src ended
 		room    = make(chan struct{}, 1) // held shrank
 	)
@@ -293,6 +330,10 @@ func (l *link) pipe(dst, src net.Conn) {
 	wg.Add(1)
 	go func() { // writer
 		defer wg.Done()
+		timer := time.NewTimer(time.Hour)
+		timer.Stop()
+		defer timer.Stop()
+		var out net.Buffers
 		for {
 			select {
 			case <-ready:
@@ -301,6 +342,16 @@ func (l *link) pipe(dst, src net.Conn) {
 			}
 			for {
 				if g := l.gate(); g != nil {
+					mu.Lock()
+					ended := srcDone
+					mu.Unlock()
+					if ended {
+						// src ended and the link is frozen (it froze
+						// while its close was delayed): as in the reader,
+						// the link ends at once.
+						l.close()
+						return
+					}
 					select {
 					case <-g:
 						continue
@@ -308,14 +359,52 @@ func (l *link) pipe(dst, src net.Conn) {
 						return
 					}
 				}
+				delay := l.p.delay.Load()
+				now := time.Now()
+				var wait time.Duration
+				out = out[:0]
 				mu.Lock()
-				chunk, end := held, srcDone
-				held = nil
+				n := 0
+				for _, c := range held {
+					if w := c.at.Add(delay.d).Sub(now); w > 0 {
+						wait = w
+						break
+					}
+					out = append(out, c.b)
+					size -= len(c.b)
+					n++
+				}
+				rest := copy(held, held[n:])
+				clear(held[rest:])
+				held = held[:rest]
+				end := false
+				if srcDone && rest == 0 {
+					// The close is delivered after the bytes before it,
+					// and as late.
+					if w := srcEnd.Add(delay.d).Sub(now); w > 0 {
+						wait = w
+					} else {
+						end = true
+					}
+				}
 				mu.Unlock()
-				if len(chunk) > 0 {
+				if n > 0 {
 					signal(room)
-					if _, err := dst.Write(chunk); err != nil {
+					// WriteTo consumes out, so keep its backing array.
+					bufs := out
+					if _, err := bufs.WriteTo(dst); err != nil {
 						l.close()
+						return
+					}
+					clear(out)
+					continue
+				}
+				if wait > 0 {
+					timer.Reset(wait)
+					select {
+					case <-timer.C:
+					case <-delay.changed:
+					case <-l.done:
 						return
 					}
 					continue
@@ -332,7 +421,7 @@ func (l *link) pipe(dst, src net.Conn) {
 	buf := make([]byte, 32<<10)
 	for {
 		mu.Lock()
-		free := l.hold - len(held)
+		free := l.hold - size
 		mu.Unlock()
 		if free <= 0 {
 			select {
@@ -345,9 +434,12 @@ func (l *link) pipe(dst, src net.Conn) {
 		}
 		n, err := src.Read(buf[:min(free, len(buf))])
 		mu.Lock()
-		held = append(held, buf[:n]...)
+		if n > 0 {
+			held = append(held, chunk{b: bytes.Clone(buf[:n]), at: time.Now()})
+			size += n
+		}
 		if err != nil {
-			srcDone = true
+			srcDone, srcEnd = true, time.Now()
 		}
 		mu.Unlock()
 		signal(ready)
@@ -355,7 +447,7 @@ func (l *link) pipe(dst, src net.Conn) {
 			if !errors.Is(err, io.EOF) || l.gate() != nil {
 				// A side that fails, or ends while the link is frozen,
 				// ends the link at once; after a clean end the writer
-				// first delivers what is held.
+				// first delivers what is held, when it is due.
 				l.close()
 			}
 			wg.Wait()

@@ -3,6 +3,7 @@ package faultproxy_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -246,5 +247,168 @@ func TestSmallBuffersFlow(t *testing.T) {
 	}
 	if !bytes.Equal(got, bytes.Repeat(msg, 50)) {
 		t.Fatal("data changed on the way")
+	}
+}
+
+// TestDelay: with a delay, bytes arrive no sooner than the delay in each
+// direction, on a connection open before SetDelay and on a later one, and
+// a stream arrives whole and in order.
+func TestDelay(t *testing.T) {
+	p := start(t, faultproxy.Options{})
+	old := connect(t, p)
+	roundTrip(t, old, "before")
+
+	const d = 100 * time.Millisecond
+	p.SetDelay(d)
+	fresh := connect(t, p)
+	for name, c := range map[string]net.Conn{"open": old, "later": fresh} {
+		begin := time.Now()
+		roundTrip(t, c, "delayed")
+		if rtt := time.Since(begin); rtt < 2*d {
+			t.Errorf("%s connection: round trip %v, want at least 2×%v", name, rtt, d)
+		}
+	}
+
+	// A stream of writes of many sizes, some larger than a read, and more
+	// in all than the proxy holds per direction.
+	var want bytes.Buffer
+	for i := range 300 {
+		fmt.Fprintf(&want, "%d:%s;", i, bytes.Repeat([]byte{'a' + byte(i%26)}, i*i%3000))
+	}
+	done := make(chan error, 1)
+	go func() {
+		rest := want.Bytes()
+		for i := 1; len(rest) > 0; i++ {
+			n := min(len(rest), i*i%70000+1)
+			if _, err := fresh.Write(rest[:n]); err != nil {
+				done <- err
+				return
+			}
+			rest = rest[n:]
+		}
+		done <- nil
+	}()
+	begin := time.Now()
+	_ = fresh.SetReadDeadline(time.Now().Add(waitTimeout))
+	got := make([]byte, want.Len())
+	if _, err := io.ReadFull(fresh, got[:1]); err != nil {
+		t.Fatal(err)
+	}
+	if first := time.Since(begin); first < 2*d {
+		t.Errorf("first byte of the stream back after %v, want at least 2×%v", first, d)
+	}
+	if _, err := io.ReadFull(fresh, got[1:]); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want.Bytes()) {
+		t.Fatalf("%d bytes changed on the way", want.Len())
+	}
+}
+
+// TestDelayRemoved: SetDelay(0), or a negative delay, removes the delay and
+// delivers the bytes waiting for it at once.
+func TestDelayRemoved(t *testing.T) {
+	p := start(t, faultproxy.Options{})
+	c := connect(t, p)
+	roundTrip(t, c, "x")
+	for _, off := range []time.Duration{0, -time.Second} {
+		p.SetDelay(time.Hour)
+		if _, err := c.Write([]byte("waiting")); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		var one [1]byte
+		if _, err := c.Read(one[:]); !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("read with an hour's delay: %v, want a timeout", err)
+		}
+		p.SetDelay(off)
+		_ = c.SetReadDeadline(time.Now().Add(waitTimeout))
+		got := make([]byte, len("waiting"))
+		if _, err := io.ReadFull(c, got); err != nil || string(got) != "waiting" {
+			t.Fatalf("after SetDelay(%v): %q, %v", off, got, err)
+		}
+		roundTrip(t, c, "no delay")
+		roundTrip(t, connect(t, p), "no delay")
+	}
+}
+
+// TestDelayClientClose: a delayed connection notices a client that closes
+// its side.
+func TestDelayClientClose(t *testing.T) {
+	p := start(t, faultproxy.Options{})
+	p.SetDelay(50 * time.Millisecond)
+	c := connect(t, p)
+	roundTrip(t, c, "x")
+	if _, err := c.Write([]byte("bye")); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.Close()
+	eventually(t, "the link to end", func() bool { return p.Links() == 0 })
+}
+
+// TestDelayBlackholeCut: Blackhole holds bytes that are due; Heal delivers
+// them; Cut closes a delayed connection at once.
+func TestDelayBlackholeCut(t *testing.T) {
+	p := start(t, faultproxy.Options{})
+	c := connect(t, p)
+	roundTrip(t, c, "x")
+	p.SetDelay(time.Hour)
+	if _, err := c.Write([]byte("held")); err != nil {
+		t.Fatal(err)
+	}
+	p.Blackhole()
+	p.SetDelay(0) // due now, but frozen
+	_ = c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	var one [1]byte
+	if _, err := c.Read(one[:]); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read through a blackholed connection: %v, want a timeout", err)
+	}
+	p.Heal()
+	_ = c.SetReadDeadline(time.Now().Add(waitTimeout))
+	got := make([]byte, len("held"))
+	if _, err := io.ReadFull(c, got); err != nil || string(got) != "held" {
+		t.Fatalf("after Heal: %q, %v", got, err)
+	}
+
+	p.SetDelay(time.Hour)
+	if _, err := c.Write([]byte("cut")); err != nil {
+		t.Fatal(err)
+	}
+	p.Cut()
+	_ = c.SetReadDeadline(time.Now().Add(waitTimeout))
+	if _, err := c.Read(one[:]); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read after Cut: %v, want the connection closed", err)
+	}
+	eventually(t, "no links", func() bool { return p.Links() == 0 })
+}
+
+// TestCloseWhileDelayed: Close does not wait out a delay.
+func TestCloseWhileDelayed(t *testing.T) {
+	p, err := faultproxy.Start(echoServer(t), faultproxy.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := connect(t, p)
+	roundTrip(t, c, "x")
+	p.SetDelay(time.Hour)
+	if _, err := c.Write([]byte("in flight")); err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- p.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(waitTimeout):
+		t.Fatal("Close waits out the delay")
+	}
+	_ = c.SetReadDeadline(time.Now().Add(waitTimeout))
+	if _, err := io.ReadAll(c); errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatal("client side still open after Close")
 	}
 }
