@@ -1,0 +1,175 @@
+package harness_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/dsslock/dsslock/sskv/localstore"
+)
+
+// A fault is injected now; heal, when not nil, ends it after dur.
+type fault struct {
+	what string
+	dur  time.Duration
+	heal func()
+}
+
+// faultKinds are the faults a schedule draws from, with their weights.
+var faultKinds = []struct {
+	name   string
+	weight int
+	inject func(s *schedule, cd *candidate, d time.Duration) fault
+}{
+	// A leader stops between its read and its write for longer than the
+	// renew deadline, then writes with the token it had.
+	{"pause", 3, func(s *schedule, cd *candidate, d time.Duration) fault {
+		p := renewDeadline + d/2
+		cd.pause.Store(int64(p))
+		return fault{what: fmt.Sprintf("pause %s %v (pending)", cd.id, p.Round(time.Millisecond))}
+	}},
+	{"kick", 1, func(s *schedule, cd *candidate, d time.Duration) fault {
+		_ = s.srv.Kick(cd.id)
+		return fault{what: "kick " + cd.id}
+	}},
+	{"drop", 1, func(s *schedule, cd *candidate, d time.Duration) fault {
+		_ = s.srv.Drop(cd.id)
+		return fault{what: "drop " + cd.id}
+	}},
+	{"blackhole", 2, func(s *schedule, cd *candidate, d time.Duration) fault {
+		cd.proxy.Blackhole()
+		return fault{what: "blackhole " + cd.id, dur: d, heal: cd.proxy.Heal}
+	}},
+	{"cut", 1, func(s *schedule, cd *candidate, d time.Duration) fault {
+		cd.proxy.Cut()
+		return fault{what: "cut " + cd.id}
+	}},
+	{"hold", 2, func(s *schedule, cd *candidate, d time.Duration) fault {
+		dir := []localstore.Direction{localstore.ToStore, localstore.FromStore, localstore.Both}[int(d)%3]
+		names := map[localstore.Direction]string{localstore.ToStore: "to store", localstore.FromStore: "from store", localstore.Both: "both ways"}
+		if err := s.srv.Hold(cd.id, dir); err != nil {
+			return fault{what: "hold " + cd.id + ": not connected"}
+		}
+		return fault{what: fmt.Sprintf("hold %s %s", cd.id, names[dir]), dur: d, heal: func() { s.srv.Release(cd.id) }}
+	}},
+	{"drop responses", 1, func(s *schedule, cd *candidate, d time.Duration) fault {
+		s.srv.SetResponseFault(cd.id, localstore.ResponseFault{Drop: true})
+		return fault{what: "drop responses to " + cd.id, dur: d / 2,
+			heal: func() { s.srv.SetResponseFault(cd.id, localstore.ResponseFault{}) }}
+	}},
+	{"delay responses", 1, func(s *schedule, cd *candidate, d time.Duration) fault {
+		delay := d / 4
+		s.srv.SetResponseFault(cd.id, localstore.ResponseFault{Delay: delay})
+		return fault{what: fmt.Sprintf("delay responses to %s by %v", cd.id, delay.Round(time.Millisecond)), dur: d,
+			heal: func() { s.srv.SetResponseFault(cd.id, localstore.ResponseFault{}) }}
+	}},
+	{"network delay", 1, func(s *schedule, cd *candidate, d time.Duration) fault {
+		delay := d / 30
+		cd.proxy.SetDelay(delay)
+		return fault{what: fmt.Sprintf("network delay %s %v", cd.id, delay.Round(time.Millisecond)), dur: d,
+			heal: func() { cd.proxy.SetDelay(0) }}
+	}},
+	// The store's clock jumps to an offset within ±maxSkew (it stays there
+	// until the next jump or the end of the faults).
+	{"store clock", 1, func(s *schedule, cd *candidate, d time.Duration) fault {
+		off := time.Duration(int64(d)*7919%int64(2*maxSkew)) - maxSkew
+		s.srv.SetClockOffset(off)
+		return fault{what: fmt.Sprintf("store clock %+v", off.Round(time.Millisecond))}
+	}},
+	// A client's clock is set to an offset within ±maxSkew.
+	{"client clock", 1, func(s *schedule, cd *candidate, d time.Duration) fault {
+		off := time.Duration(int64(d)*104729%int64(2*maxSkew)) - maxSkew
+		cd.skew.Store(int64(off))
+		return fault{what: fmt.Sprintf("clock of %s %+v", cd.id, off.Round(time.Millisecond))}
+	}},
+}
+
+// draw picks a fault kind, a target and a duration. It draws the same
+// random numbers whatever the state, so a seed replays the same sequence
+// of choices; only the leader-biased target depends on timing.
+func (s *schedule) draw() (kind int, cd *candidate, d time.Duration) {
+	total := 0
+	for _, k := range faultKinds {
+		total += k.weight
+	}
+	w := s.rng.IntN(total)
+	for kind = 0; w >= faultKinds[kind].weight; kind++ {
+		w -= faultKinds[kind].weight
+	}
+	leaderFirst := s.rng.IntN(10) < 6
+	cd = s.cand[s.rng.IntN(len(s.cand))]
+	d = ttl/2 + time.Duration(s.rng.Int64N(int64(3*ttl/2)))
+	if leaderFirst {
+		for _, c := range s.cand {
+			if c.term.Load() != nil {
+				cd = c
+				break
+			}
+		}
+	}
+	return kind, cd, d
+}
+
+// injectFaults injects random faults for faultPhase, each healed after its
+// duration, then heals everything (clocks included) and returns how many
+// faults it injected.
+func (s *schedule) injectFaults(ctx context.Context) int {
+	type pending struct {
+		at    time.Time
+		start int64
+		f     fault
+	}
+	var open []pending
+	heal := func(p pending) {
+		p.f.heal()
+		s.h.fault(p.start, s.h.now(), p.f.what)
+	}
+	n := 0
+	end := time.Now().Add(faultPhase)
+	next := time.Now()
+	for ctx.Err() == nil {
+		now := time.Now()
+		open = slices.DeleteFunc(open, func(p pending) bool {
+			if now.Before(p.at) {
+				return false
+			}
+			heal(p)
+			return true
+		})
+		if !now.Before(end) {
+			break
+		}
+		if !now.Before(next) {
+			kind, cd, d := s.draw()
+			start := s.h.now()
+			f := faultKinds[kind].inject(s, cd, d)
+			n++
+			if f.heal != nil {
+				open = append(open, pending{at: now.Add(f.dur), start: start, f: f})
+			} else {
+				s.h.fault(start, 0, f.what)
+			}
+			next = now.Add(20*time.Millisecond + time.Duration(s.rng.Int64N(int64(280*time.Millisecond))))
+		}
+		wake := next
+		if end.Before(wake) {
+			wake = end
+		}
+		for _, p := range open {
+			if p.at.Before(wake) {
+				wake = p.at
+			}
+		}
+		s.sleep(ctx, time.Until(wake))
+	}
+	for _, p := range open {
+		heal(p)
+	}
+	s.srv.SetClockOffset(0)
+	for _, cd := range s.cand {
+		cd.skew.Store(0)
+		cd.pause.Store(0)
+	}
+	return n
+}

@@ -1,0 +1,443 @@
+package harness_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime/pprof"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/dsslock/dsslock/faultproxy"
+	"github.com/dsslock/dsslock/fenced"
+	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/leader"
+	"github.com/dsslock/dsslock/sskv"
+	"github.com/dsslock/dsslock/sskv/localstore"
+)
+
+// regressions are seeds that once found a bug; they run first, every time.
+var regressions = []int64{}
+
+// Timing of every schedule. The lease is short so that a schedule sees
+// several takeovers in a few seconds, and long enough that a renewal
+// under -race on a loaded machine does not miss its deadline by itself.
+const (
+	ttl           = 600 * time.Millisecond
+	renewInterval = 150 * time.Millisecond
+	renewDeadline = 400 * time.Millisecond
+	candidates    = 3
+	faultPhase    = 3 * time.Second        // faults are injected for this long
+	livenessLimit = 10 * time.Second       // a leader must write this soon after the faults are healed
+	stopLimit     = 15 * time.Second       // Run must return this soon after its context ends
+	slowStop      = 3 * time.Second        // or the schedule's log and visualization are written
+	opPace        = 10 * time.Millisecond  // a leader's pause between read-modify-writes
+	readPace      = 25 * time.Millisecond  // the observer's pause between reads
+	checkLimit    = 60 * time.Second       // porcupine's time limit
+	election      = "harness/leader"       // the election key
+	register      = "harness/register"     // the shared register
+	maxSkew       = 20 * time.Second       // client clock skew and store clock offsets, each way
+	opTimeout     = 2 * time.Second        // a paused leader's write, the observer's reads
+	settle        = 300 * time.Millisecond // after the liveness write, before stopping
+)
+
+// result is what one schedule did.
+type result struct {
+	ops, faults, takeovers, stale int
+	violations                    []string
+}
+
+func envInt(t *testing.T, name string, def int64) int64 {
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		t.Fatalf("%s=%q: %v", name, s, err)
+	}
+	return n
+}
+
+// TestHarness runs DSSLOCK_SCHEDULES random fault schedules (20 by default)
+// and checks each history; see the package documentation.
+func TestHarness(t *testing.T) {
+	n := envInt(t, "DSSLOCK_SCHEDULES", 20)
+	first := envInt(t, "DSSLOCK_SEED", time.Now().UnixNano()%1_000_000_000)
+	if os.Getenv("DSSLOCK_SEED") != "" && os.Getenv("DSSLOCK_SCHEDULES") == "" {
+		n = 1 // replay
+	}
+	parallel := envInt(t, "DSSLOCK_PARALLEL", 4)
+	if n < 1 || parallel < 1 {
+		t.Fatalf("DSSLOCK_SCHEDULES=%d, DSSLOCK_PARALLEL=%d: both must be at least 1", n, parallel)
+	}
+	seeds := append([]int64(nil), regressions...)
+	for i := range n {
+		seeds = append(seeds, first+i)
+	}
+	t.Logf("seeds %d to %d (and %d regression seeds); replay one with DSSLOCK_SEED=<seed> go test -run Harness -v ./internal/harness",
+		first, first+n-1, len(regressions))
+
+	var mu sync.Mutex
+	var total result
+	slots := make(chan struct{}, parallel)
+	t.Run("schedules", func(t *testing.T) {
+		for _, seed := range seeds {
+			t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+				t.Parallel()
+				slots <- struct{}{}
+				defer func() { <-slots }()
+				r := runSchedule(t, seed, variant{})
+				mu.Lock()
+				total.ops += r.ops
+				total.faults += r.faults
+				total.takeovers += r.takeovers
+				total.stale += r.stale
+				total.violations = append(total.violations, r.violations...)
+				mu.Unlock()
+				for _, v := range r.violations {
+					t.Errorf("seed %d: %s", seed, v)
+				}
+				if len(r.violations) > 0 {
+					t.Logf("replay: DSSLOCK_SEED=%d go test -run Harness -v ./internal/harness", seed)
+				}
+			})
+		}
+	})
+	fmt.Printf("harness: %d schedules, %d ops, %d faults, %d takeovers, %d stale rejected, %d violations\n",
+		len(seeds), total.ops, total.faults, total.takeovers, total.stale, len(total.violations))
+}
+
+// candidate is one contender: its own client, behind its own proxy.
+type candidate struct {
+	id    string
+	lane  int
+	c     *sskv.Client
+	proxy *faultproxy.Proxy
+	skew  atomic.Int64 // its clock's offset, ns
+	pause atomic.Int64 // a pause to take before its next write, ns (0: none)
+	term  atomic.Pointer[leader.Term]
+	runs  sync.WaitGroup
+}
+
+// variant changes how a schedule's leaders behave, to show that the checks
+// catch what a naive implementation does.
+type variant struct {
+	// unfenced leaders write the register without their token.
+	unfenced bool
+}
+
+// schedule is one run: a store, candidates, an observer and a fault loop.
+type schedule struct {
+	t    *testing.T
+	seed int64
+	v    variant
+	rng  *rand.Rand // the fault loop's only
+	srv  *localstore.Server
+	h    *history
+	cand []*candidate
+	log  lockedBuf // the store's debug log, and goroutine dumps
+}
+
+func runSchedule(t *testing.T, seed int64, v variant) result {
+	s := &schedule{t: t, seed: seed, v: v, rng: rand.New(rand.NewPCG(uint64(seed), 0x64_73_73_6c_6f_63_6b)), h: newHistory()}
+	var res result
+	violate := func(format string, args ...any) {
+		res.violations = append(res.violations, fmt.Sprintf(format, args...))
+	}
+
+	srv, err := localstore.Start(localstore.Config{Logger: slog.New(slog.NewTextHandler(&s.log, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	if err != nil {
+		t.Fatalf("localstore.Start: %v", err)
+	}
+	s.srv = srv
+	defer srv.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for i := range candidates {
+		cd := &candidate{id: fmt.Sprintf("s%d-c%d", seed, i), lane: i}
+		if cd.proxy, err = faultproxy.Start(srv.Addr(), faultproxy.Options{}); err != nil {
+			t.Fatalf("faultproxy.Start: %v", err)
+		}
+		defer cd.proxy.Close()
+		cd.c, err = sskv.Dial(ctx, sskv.Config{
+			Addr: cd.proxy.Addr(), ClientID: cd.id,
+			KeepAlive: time.Second, PingTimeout: 500 * time.Millisecond,
+			ReconnectMin: 10 * time.Millisecond, ReconnectMax: 200 * time.Millisecond,
+			WallClock: func() time.Time { return time.Now().Add(time.Duration(cd.skew.Load())) },
+		})
+		if err != nil {
+			t.Fatalf("Dial %s: %v", cd.id, err)
+		}
+		defer cd.c.Close()
+		s.cand = append(s.cand, cd)
+	}
+	observer, err := sskv.Dial(ctx, sskv.Config{Addr: srv.Addr(), ClientID: fmt.Sprintf("s%d-observer", seed)})
+	if err != nil {
+		t.Fatalf("Dial observer: %v", err)
+	}
+	defer observer.Close()
+
+	// Candidates campaign until runCtx ends; the observer reads throughout.
+	runCtx, stop := context.WithCancel(ctx)
+	for _, cd := range s.cand {
+		e, err := leader.NewElector(cd.c, election, []byte(cd.id), leader.WithCandidateID(cd.id),
+			leader.WithTTL(ttl), leader.WithRenewInterval(renewInterval), leader.WithRenewDeadline(renewDeadline))
+		if err != nil {
+			t.Fatalf("NewElector: %v", err)
+		}
+		cd.runs.Go(func() { s.campaign(runCtx, cd, e) })
+	}
+	var observing sync.WaitGroup
+	observing.Go(func() { s.observe(runCtx, observer) })
+
+	// Faults, then healing, then a leader must write again.
+	res.faults = s.injectFaults(runCtx)
+	healed := s.h.now()
+	if !s.waitWrite(runCtx, healed, livenessLimit) {
+		violate("no leader wrote within %v after the faults were healed", livenessLimit)
+	}
+	recovered := time.Duration(s.h.now() - healed)
+	s.sleep(runCtx, settle)
+
+	stop()
+	stopping := time.Now()
+	slow := false
+	for _, cd := range s.cand {
+		if !slow && !waitGroup(&cd.runs, slowStop) {
+			slow = true
+			t.Logf("%s: Elector.Run is slow to return after its context ended", cd.id)
+			s.dumpGoroutines()
+		}
+		if !waitGroup(&cd.runs, stopLimit) {
+			violate("%s: Elector.Run did not return within %v of its context's end", cd.id, stopLimit)
+			cd.c.Close() // unblock it, so the schedule can end
+			cd.runs.Wait()
+		}
+	}
+	observing.Wait()
+	stopped := time.Since(stopping)
+	// The final state, read by a client that saw no fault.
+	call := s.h.now()
+	g, err := observer.Get(ctx, register)
+	s.h.read(candidates, call, g, err)
+	if err != nil {
+		violate("final read: %v", err)
+	}
+
+	s.h.mu.Lock()
+	res.ops = s.h.invoked
+	res.stale = s.h.stale
+	res.takeovers = max(0, len(s.h.terms)-1)
+	ops := append([]porcupine.Operation(nil), s.h.ops...)
+	unknown, notSent, refused := s.h.unknown, s.h.notSent, s.h.refused
+	s.h.mu.Unlock()
+	res.violations = append(res.violations, s.h.checkTokens()...)
+	check, info := porcupine.CheckOperationsVerbose(registerModel, ops, checkLimit)
+	switch check {
+	case porcupine.Illegal:
+		violate("the register's history is not linearizable")
+	case porcupine.Unknown:
+		violate("porcupine could not decide linearizability within %v (%d operations)", checkLimit, len(ops))
+	}
+	overlaps, longest := s.h.overlaps()
+	t.Logf("%d ops (%d in history: %d of unknown outcome), %d faults, %d terms, %d stale rejected, %d not sent after a term ended, %d other refusals; %d believed terms overlapped (longest %v); a leader wrote %v after healing; stopped in %v; linearizable: %s",
+		res.ops, len(ops), unknown, res.faults, len(s.h.terms), res.stale, notSent, refused, overlaps, longest,
+		recovered.Round(time.Millisecond), stopped.Round(time.Millisecond), check)
+
+	if len(res.violations) > 0 || slow || os.Getenv("DSSLOCK_VISUALIZE") != "" {
+		s.visualize(info)
+		s.writeLog()
+	}
+	return res
+}
+
+// campaign runs the candidate's Elector until ctx ends. Run returns early
+// only on an error a user would retry after a pause (a refused campaign,
+// e.g. a clock too far ahead); the candidate then tries again.
+func (s *schedule) campaign(ctx context.Context, cd *candidate, e *leader.Elector) {
+	for ctx.Err() == nil {
+		err := e.Run(ctx, func(ctx context.Context, t *leader.Term) error {
+			return s.lead(ctx, cd, t)
+		})
+		if err != nil && ctx.Err() == nil {
+			s.t.Logf("%s: Run: %v; campaigning again", cd.id, err)
+			s.sleep(ctx, ttl)
+		}
+	}
+}
+
+// lead is a term's work: read-modify-write the register, fenced, until the
+// term ends. A pending pause fault stops it between the read and the write
+// for longer than the renew deadline, as a stopped process would be, with
+// its traffic held; it then writes with the token it had before the pause,
+// not knowing whether it still leads.
+func (s *schedule) lead(ctx context.Context, cd *candidate, t *leader.Term) error {
+	rec := s.h.termStarted(cd.lane, cd.id, t.Token())
+	defer s.h.termEnded(rec)
+	cd.term.Store(t)
+	defer cd.term.Store(nil)
+	w := fenced.New(cd.c, t)
+	for n := 0; ctx.Err() == nil; n++ {
+		call := s.h.now()
+		g, err := cd.c.Get(ctx, register)
+		s.h.read(cd.lane, call, g, err)
+		if err != nil {
+			s.sleep(ctx, opPace)
+			continue
+		}
+		value := fmt.Sprintf("%s/%d/%d", cd.id, t.Token().Wall%100000, n)
+		if d := time.Duration(cd.pause.Swap(0)); d > 0 {
+			tok, err := t.FencingToken()
+			if err != nil {
+				return nil // the term ended already
+			}
+			start := s.h.now()
+			s.h.markPaused(rec)
+			_ = s.srv.Hold(cd.id, localstore.Both)
+			time.Sleep(d) // the pause itself: nothing of this process runs
+			s.srv.Release(cd.id)
+			s.h.fault(start, s.h.now(), fmt.Sprintf("pause %s %v", cd.id, d.Round(time.Millisecond)))
+			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+			call := s.h.now()
+			opts := sskv.SetOptions{FencingToken: tok}
+			if s.v.unfenced {
+				opts.FencingToken = hlc.Timestamp{}
+			}
+			r, err := cd.c.Set(wctx, register, []byte(value), opts)
+			cancel()
+			s.h.write(cd.lane, cd.id, value, tok, true, call, r, err)
+			continue
+		}
+		tok := t.Token()
+		call = s.h.now()
+		var r sskv.SetResult
+		if s.v.unfenced {
+			r, err = cd.c.Set(ctx, register, []byte(value), sskv.SetOptions{})
+		} else {
+			r, err = w.Set(ctx, register, []byte(value), sskv.SetOptions{})
+		}
+		s.h.write(cd.lane, cd.id, value, tok, false, call, r, err)
+		s.sleep(ctx, opPace)
+	}
+	return nil
+}
+
+// observe reads the register until ctx ends.
+func (s *schedule) observe(ctx context.Context, c *sskv.Client) {
+	for ctx.Err() == nil {
+		rctx, cancel := context.WithTimeout(ctx, opTimeout)
+		call := s.h.now()
+		g, err := c.Get(rctx, register)
+		cancel()
+		s.h.read(candidates, call, g, err)
+		s.sleep(ctx, readPace)
+	}
+}
+
+// sleep waits d or until ctx ends. It paces loops; nothing waits on it.
+func (s *schedule) sleep(ctx context.Context, d time.Duration) {
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-ctx.Done():
+	case <-tm.C:
+	}
+}
+
+// waitWrite waits until a write is accepted after time since, for at most limit.
+func (s *schedule) waitWrite(ctx context.Context, since int64, limit time.Duration) bool {
+	deadline := time.NewTimer(limit)
+	defer deadline.Stop()
+	for {
+		next, ok := s.h.wroteSince(since)
+		if ok {
+			return true
+		}
+		select {
+		case <-next:
+		case <-deadline.C:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+func waitGroup(wg *sync.WaitGroup, limit time.Duration) bool {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return true
+	case <-time.After(limit):
+		return false
+	}
+}
+
+// visualize writes porcupine's visualization of the history, with terms
+// and faults, and logs its path.
+func (s *schedule) visualize(info porcupine.LinearizationInfo) {
+	s.h.mu.Lock()
+	ann := append([]porcupine.Annotation(nil), s.h.annotations...)
+	for _, r := range s.h.terms {
+		end := r.end
+		if end == 0 {
+			end = s.h.now()
+		}
+		ann = append(ann, porcupine.Annotation{ClientId: r.lane, Start: r.start, End: end,
+			Description: "term " + r.token.String(), BackgroundColor: "#d5f0d5"})
+	}
+	s.h.mu.Unlock()
+	info.AddAnnotations(ann)
+	path := filepath.Join(os.TempDir(), fmt.Sprintf("dsslock-harness-%d.html", s.seed))
+	if err := porcupine.VisualizePath(registerModel, info, path); err != nil {
+		s.t.Logf("visualization: %v", err)
+		return
+	}
+	s.t.Logf("history of seed %d: %s", s.seed, path)
+}
+
+// dumpGoroutines appends the stacks of all goroutines to the schedule's log.
+func (s *schedule) dumpGoroutines() {
+	fmt.Fprintf(&s.log, "\n--- goroutines of all running schedules at %v ---\n", time.Duration(s.h.now()))
+	_ = pprof.Lookup("goroutine").WriteTo(&s.log, 1)
+}
+
+// writeLog writes the schedule's log next to its visualization.
+func (s *schedule) writeLog() {
+	path := filepath.Join(os.TempDir(), fmt.Sprintf("dsslock-harness-%d.log", s.seed))
+	if err := os.WriteFile(path, s.log.Bytes(), 0o644); err != nil {
+		s.t.Logf("log: %v", err)
+		return
+	}
+	s.t.Logf("store log of seed %d: %s", s.seed, path)
+}
+
+// lockedBuf is a buffer safe for concurrent writes.
+type lockedBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuf) Bytes() []byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return bytes.Clone(l.b.Bytes())
+}

@@ -1,0 +1,237 @@
+package harness_test
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/dsslock/dsslock/fenced"
+	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/sskv"
+)
+
+// The register: one key, read and written with unconditional SETs. Its model
+// state is the key's value; "" is a missing key (nobody writes "").
+type regOp struct {
+	write bool
+	value string // the value written
+}
+
+type regOut struct {
+	value string // the value read
+}
+
+var registerModel = porcupine.Model{
+	Init: func() any { return "" },
+	Step: func(state, input, output any) (bool, any) {
+		in := input.(regOp)
+		if in.write {
+			return true, in.value
+		}
+		return output.(regOut).value == state.(string), state
+	},
+	DescribeOperation: func(input, output any) string {
+		in := input.(regOp)
+		if in.write {
+			if output == nil {
+				return fmt.Sprintf("set(%q) -> ?", in.value)
+			}
+			return fmt.Sprintf("set(%q)", in.value)
+		}
+		return fmt.Sprintf("get() -> %q", output.(regOut).value)
+	},
+	DescribeState: func(state any) string { return fmt.Sprintf("%q", state) },
+}
+
+// unknownReturn is the return time of an operation whose outcome is
+// unknown: it may take effect at any time after its call.
+const unknownReturn = math.MaxInt64
+
+// ackedWrite is a write of the register the store accepted.
+type ackedWrite struct {
+	version hlc.Timestamp // the key's version it made
+	token   hlc.Timestamp // the fencing token it carried
+	who     string        // candidate
+	paused  bool          // written after a pause, with the token from before it
+}
+
+// termRecord is one term of a candidate, as its work saw it.
+type termRecord struct {
+	who        string
+	lane       int
+	token      hlc.Timestamp
+	start, end int64 // work started; work saw its context end (0: not yet)
+	paused     bool  // its work was paused (and so saw the end late)
+}
+
+// history records one schedule: operations for porcupine, accepted writes
+// for the token check, terms and faults for the report and visualization.
+type history struct {
+	start time.Time
+
+	mu          sync.Mutex
+	ops         []porcupine.Operation
+	invoked     int
+	acked       []ackedWrite
+	lastAcked   int64 // time of the last accepted write
+	stale       int   // writes the store refused for an older token
+	notSent     int   // writes the Writer did not send: its term had ended
+	refused     int   // other store refusals
+	unknown     int   // writes of unknown outcome
+	terms       []*termRecord
+	annotations []porcupine.Annotation
+	wrote       chan struct{} // closed and replaced on each accepted write
+}
+
+func newHistory() *history {
+	return &history{start: time.Now(), wrote: make(chan struct{})}
+}
+
+// now is the time since the schedule began, on the monotonic clock.
+func (h *history) now() int64 { return int64(time.Since(h.start)) }
+
+// read records a read of the register; failed reads had no effect and are
+// not part of the history.
+func (h *history) read(lane int, call int64, res sskv.GetResult, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.invoked++
+	if err != nil {
+		return
+	}
+	h.ops = append(h.ops, porcupine.Operation{ClientId: lane, Input: regOp{}, Call: call,
+		Output: regOut{value: string(res.Value)}, Return: h.now()})
+}
+
+// write records a write of value with token, and classifies its outcome.
+func (h *history) write(lane int, who string, value string, token hlc.Timestamp, paused bool, call int64, res sskv.SetResult, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.invoked++
+	op := porcupine.Operation{ClientId: lane, Input: regOp{write: true, value: value}, Call: call, Metadata: who}
+	var se *sskv.ServiceError
+	switch {
+	case err == nil:
+		op.Return = h.now()
+		op.Output = regOut{}
+		h.ops = append(h.ops, op)
+		h.acked = append(h.acked, ackedWrite{version: res.Version, token: token, who: who, paused: paused})
+		h.lastAcked = op.Return
+		close(h.wrote)
+		h.wrote = make(chan struct{})
+	case errors.As(err, &se):
+		// The store answered -ERR: the write did not take effect.
+		if errors.Is(err, sskv.ErrFencingTokenLower) {
+			h.stale++
+		} else {
+			h.refused++
+		}
+	case errors.Is(err, fenced.ErrStale):
+		h.notSent++ // the term had ended; nothing was sent
+	case errors.Is(err, sskv.ErrPublishRejected):
+		h.refused++
+	default:
+		// Timed out, connection lost, term ended while in flight: it may
+		// have taken effect, at any time from its call on.
+		h.unknown++
+		op.Return = unknownReturn
+		h.ops = append(h.ops, op)
+	}
+}
+
+// wroteSince returns a channel closed by the next accepted write, and
+// whether a write was accepted after t already.
+func (h *history) wroteSince(t int64) (<-chan struct{}, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.wrote, h.lastAcked > t
+}
+
+func (h *history) termStarted(lane int, who string, token hlc.Timestamp) *termRecord {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r := &termRecord{who: who, lane: lane, token: token, start: h.now()}
+	h.terms = append(h.terms, r)
+	return r
+}
+
+func (h *history) termEnded(r *termRecord) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r.end = h.now()
+}
+
+func (h *history) markPaused(r *termRecord) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r.paused = true
+}
+
+// fault records a fault for the visualization; end 0 means an instant.
+func (h *history) fault(start, end int64, what string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.annotations = append(h.annotations, porcupine.Annotation{Tag: "faults", Start: start, End: end,
+		Description: what, BackgroundColor: "#fbd5b5"})
+}
+
+// checkTokens returns the violations of the token order: accepted writes,
+// in the store's version order, must carry non-decreasing tokens (so the
+// writes of two terms never interleave), and a token is one candidate's.
+func (h *history) checkTokens() []string {
+	h.mu.Lock()
+	acked := slices.Clone(h.acked)
+	h.mu.Unlock()
+	slices.SortFunc(acked, func(a, b ackedWrite) int { return a.version.Compare(b.version) })
+	var v []string
+	owner := map[hlc.Timestamp]string{}
+	for i, w := range acked {
+		if o, ok := owner[w.token]; ok && o != w.who {
+			v = append(v, fmt.Sprintf("token %v used by %s and %s", w.token, o, w.who))
+		}
+		owner[w.token] = w.who
+		if i > 0 && w.version.Compare(acked[i-1].version) == 0 {
+			v = append(v, fmt.Sprintf("two accepted writes have version %v", w.version))
+		}
+		if i > 0 && w.token.Before(acked[i-1].token) {
+			p := acked[i-1]
+			v = append(v, fmt.Sprintf("terms interleave: write at %v by %s with token %v (paused %v) accepted after write at %v by %s with token %v",
+				w.version, w.who, w.token, w.paused, p.version, p.who, p.token))
+		}
+	}
+	return v
+}
+
+// overlaps returns how many terms began before the previous term (by start)
+// had seen its end, and the longest such overlap, leaving out terms whose
+// work was paused (a paused process cannot see its term end: that is what
+// fencing is for). Leadership is decided on each candidate's own clock, so
+// this depends on scheduling as well as on the library: it is reported, not
+// a violation. Fencing is what keeps the register safe either way.
+func (h *history) overlaps() (n int, longest time.Duration) {
+	h.mu.Lock()
+	terms := slices.Clone(h.terms)
+	h.mu.Unlock()
+	slices.SortFunc(terms, func(a, b *termRecord) int { return cmp.Compare(a.start, b.start) })
+	for i := 1; i < len(terms); i++ {
+		p := terms[i-1]
+		if p.paused {
+			continue
+		}
+		if p.end == 0 || terms[i].start < p.end {
+			n++
+			end := p.end
+			if end == 0 {
+				end = h.now()
+			}
+			longest = max(longest, time.Duration(end-terms[i].start))
+		}
+	}
+	return n, longest
+}
