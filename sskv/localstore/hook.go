@@ -27,7 +27,8 @@ func (h *hook) ID() string { return "dsslock-statestore" }
 func (h *hook) Provides(b byte) bool {
 	switch b {
 	case mqtt.OnConnectAuthenticate, mqtt.OnACLCheck, mqtt.OnSessionEstablish, mqtt.OnSessionEstablished,
-		mqtt.OnDisconnect, mqtt.OnPublish, mqtt.OnPacketEncode, mqtt.OnPublishDropped, mqtt.OnQosPublish:
+		mqtt.OnDisconnect, mqtt.OnPublish, mqtt.OnPacketRead, mqtt.OnPacketEncode, mqtt.OnPublishDropped,
+		mqtt.OnQosPublish:
 		return true
 	}
 	return false
@@ -62,7 +63,16 @@ func (h *hook) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) bool {
 	return true
 }
 
-// OnPacketEncode fixes two things in what the broker sends:
+// OnPacketRead gives each QoS 1 PUBLISH from a client a packet id of the
+// store's choosing, so that the broker's handling of it cannot remove a
+// message to the client from the client's session (see packetid.go).
+func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
+	return renumberInbound(cl, pk), nil
+}
+
+// OnPacketEncode fixes what the broker sends:
+//   - A PUBACK carries the packet id the client gave its PUBLISH, not the one
+//     the store handled it under (see OnPacketRead).
 //   - A client that sets Request Problem Information to 0 (paho's default)
 //     must still get user properties on PUBLISH [MQTT-3.1.2-29]; the broker
 //     strips them from every packet, which would remove __stat and __ts.
@@ -73,8 +83,13 @@ func (h *hook) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) bool {
 //     for sending it (mochi enforces Capabilities.MaximumPacketSize but
 //     does not announce it).
 func (h *hook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
-	if pk.FixedHeader.Type == packets.Publish {
+	switch pk.FixedHeader.Type {
+	case packets.Publish:
 		pk.Mods.DisallowProblemInfo = false
+	case packets.Puback:
+		if dc, ok := cl.Net.Conn.(*deadlineConn); ok {
+			pk.PacketID = dc.clientPacketID(pk.PacketID)
+		}
 	}
 	if pk.FixedHeader.Type == packets.Connack && pk.ReasonCode == packets.CodeSuccess.Code &&
 		cl.Properties.Props.AuthenticationMethod != "" {
@@ -142,6 +157,7 @@ func (h *hook) OnSessionEstablished(cl *mqtt.Client, pk packets.Packet) {
 // OnDisconnect ends the watches of the client, unless this is the late
 // disconnect of a connection that was already replaced by a newer one.
 func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
+	dropInboundAck(cl)
 	h.s.connMu.Lock()
 	current := h.s.conns[cl.ID] == cl
 	if current {
@@ -181,6 +197,7 @@ func (h *hook) OnPublishDropped(cl *mqtt.Client, pk packets.Packet) {
 // messages is disconnected before the broker would silently drop messages
 // to it ("client store quota reached", at Capabilities.MaximumInflight).
 func (h *hook) OnQosPublish(cl *mqtt.Client, pk packets.Packet, sent int64, resends int) {
+	noteOutbound(cl, pk)
 	if inflight := cl.State.Inflight.Len(); inflight > h.s.cfg.MaxPendingMessages {
 		if rec := h.s.recOf(cl); rec != nil {
 			h.s.slowClient(rec, "too many unacknowledged messages", "unacknowledged", inflight, "limit", h.s.cfg.MaxPendingMessages)

@@ -152,6 +152,8 @@ type deadlineConn struct {
 	broken  atomic.Bool
 	closing sync.Once
 	gate    gate
+	lastOut atomic.Uint32 // packet id of the newest QoS message to the client (see packetid.go)
+	inbound atomic.Uint32 // the QoS 1 PUBLISH from the client being handled (see setInbound)
 }
 
 func newDeadlineConn(conn net.Conn, s *Server) *deadlineConn {
