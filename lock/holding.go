@@ -312,7 +312,10 @@ func (h *holding) guard(done chan<- struct{}) {
 			<-h.ctx.Done()
 			return
 		}
-		defer w.Stop()
+		// No Stop: the watch ends with h.ctx, and its KEYNOTIFY STOP goes out
+		// in the background. Stop would wait for the STOP's answer, and the
+		// end of the holding (Unlock, Resign) with it: up to the client's
+		// RequestTimeout when that answer is lost.
 		// The watch reports changes after it was set up; one made while it
 		// was, shows in a read.
 		if res, err := l.c.Get(h.ctx, l.cfg.Name); err == nil && ParseHolder(res.Value, res.Version).ID != l.cfg.HolderID {

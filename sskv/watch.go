@@ -140,7 +140,12 @@ func (c *Client) Watch(ctx context.Context, key string) (*Watcher, error) {
 		return nil, keyErr("watch", key, err)
 	}
 	if err := c.awaitSynced(ctx, reg); err != nil {
-		w.end(err, true)
+		// Ending the watcher may send KEYNOTIFY STOP and wait for its
+		// answer, up to RequestTimeout: that goes on in the background, so
+		// that Watch returns as soon as ctx ends.
+		if !c.spawn(func() { w.end(err, true) }) {
+			w.end(err, false)
+		}
 		return nil, keyErr("watch", key, err)
 	}
 	c.wmu.Lock()
