@@ -54,6 +54,7 @@ const (
 type result struct {
 	ops, faults, takeovers, stale int
 	violations                    []string
+	slowStops, overlaps           int // reported, not violations
 }
 
 func envInt(t *testing.T, name string, def int64) int64 {
@@ -103,6 +104,8 @@ func TestHarness(t *testing.T) {
 				total.takeovers += r.takeovers
 				total.stale += r.stale
 				total.violations = append(total.violations, r.violations...)
+				total.slowStops += r.slowStops
+				total.overlaps += r.overlaps
 				mu.Unlock()
 				for _, v := range r.violations {
 					t.Errorf("seed %d: %s", seed, v)
@@ -113,6 +116,8 @@ func TestHarness(t *testing.T) {
 			})
 		}
 	})
+	t.Logf("not violations, but worth a look: %d schedules slow to stop (over %v), %d terms that began before the previous one saw its end",
+		total.slowStops, slowStop, total.overlaps)
 	fmt.Printf("harness: %d schedules, %d ops, %d faults, %d takeovers, %d stale rejected, %d violations\n",
 		len(seeds), total.ops, total.faults, total.takeovers, total.stale, len(total.violations))
 }
@@ -251,6 +256,10 @@ func runSchedule(t *testing.T, seed int64, v variant) result {
 		violate("porcupine could not decide linearizability within %v (%d operations)", checkLimit, len(ops))
 	}
 	overlaps, longest := s.h.overlaps()
+	res.overlaps = overlaps
+	if slow {
+		res.slowStops = 1
+	}
 	t.Logf("%d ops (%d in history: %d of unknown outcome), %d faults, %d terms, %d stale rejected, %d not sent after a term ended, %d other refusals; %d believed terms overlapped (longest %v); a leader wrote %v after healing; stopped in %v; linearizable: %s",
 		res.ops, len(ops), unknown, res.faults, len(s.h.terms), res.stale, notSent, refused, overlaps, longest,
 		recovered.Round(time.Millisecond), stopped.Round(time.Millisecond), check)
