@@ -29,29 +29,10 @@ const clockTTL = time.Second
 // context allows: a round trip or two, on a loaded machine.
 const promptly = 2 * time.Second
 
-// dialSkewed connects a client whose hybrid logical clock reads the wall
-// clock shifted by skew (nanoseconds), which the test may change at any time.
-func dialSkewed(t testing.TB, addr string, skew *atomic.Int64) *sskv.Client {
-	t.Helper()
-	c, err := sskv.Dial(testCtx(t), sskv.Config{
-		Addr:         addr,
-		ClientID:     storetest.ID(t),
-		ReconnectMin: 10 * time.Millisecond,
-		ReconnectMax: 100 * time.Millisecond,
-		WallClock:    func() time.Time { return time.Now().Add(time.Duration(skew.Load())) },
-	})
-	if err != nil {
-		t.Fatalf("Dial: %v", err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
-func skewOf(d time.Duration) *atomic.Int64 {
-	var s atomic.Int64
-	s.Store(int64(d))
-	return &s
-}
+var (
+	dialSkewed = storetest.DialSkewed
+	skewOf     = storetest.Skew
+)
 
 // renewals returns a Metrics option and a function that waits for n
 // successful renewals reported after it is called.

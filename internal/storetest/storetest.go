@@ -142,3 +142,29 @@ func (o *Output) WaitFor(t testing.TB, re *regexp.Regexp) []string {
 		}
 	}
 }
+
+// DialSkewed connects a client as Dial does, whose hybrid logical clock
+// reads the wall clock shifted by skew (nanoseconds), which the test may
+// change at any time.
+func DialSkewed(t testing.TB, addr string, skew *atomic.Int64) *sskv.Client {
+	t.Helper()
+	c, err := sskv.Dial(Ctx(t), sskv.Config{
+		Addr:         addr,
+		ClientID:     ID(t),
+		ReconnectMin: 10 * time.Millisecond,
+		ReconnectMax: 100 * time.Millisecond,
+		WallClock:    func() time.Time { return time.Now().Add(time.Duration(skew.Load())) },
+	})
+	if err != nil {
+		t.Fatalf("Dial: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Skew returns a clock skew of d for DialSkewed.
+func Skew(d time.Duration) *atomic.Int64 {
+	var s atomic.Int64
+	s.Store(int64(d))
+	return &s
+}
