@@ -73,7 +73,9 @@ func envInt(t *testing.T, name string, def int64) int64 {
 // and checks each history; see the package documentation.
 func TestHarness(t *testing.T) {
 	n := envInt(t, "DSSLOCK_SCHEDULES", 20)
-	first := envInt(t, "DSSLOCK_SEED", time.Now().UnixNano()%1_000_000_000)
+	// A fixed default, so that CI runs the same fault sequences every time;
+	// DSSLOCK_SEED explores others.
+	first := envInt(t, "DSSLOCK_SEED", 1000)
 	if os.Getenv("DSSLOCK_SEED") != "" && os.Getenv("DSSLOCK_SCHEDULES") == "" {
 		n = 1 // replay
 	}
@@ -210,7 +212,9 @@ func runSchedule(t *testing.T, seed int64, v variant) result {
 	res.faults = s.injectFaults(runCtx)
 	healed := s.h.now()
 	if !s.waitWrite(runCtx, healed, livenessLimit) {
-		violate("no leader wrote within %v after the faults were healed", livenessLimit)
+		st, err := leader.Leader(ctx, observer, election)
+		violate("no leader wrote within %v after the faults were healed (election: %+v, %v)", livenessLimit, st, err)
+		s.dumpGoroutines()
 	}
 	recovered := time.Duration(s.h.now() - healed)
 	s.sleep(runCtx, settle)
