@@ -35,8 +35,9 @@
 //	DSSLOCK_SCHEDULES=200 go test -run Harness -v ./internal/harness
 //	DSSLOCK_SEED=1234 go test -run Harness -v ./internal/harness  # replay one
 //
-// Environment: DSSLOCK_SCHEDULES (default 20), DSSLOCK_SEED (the first
-// seed; default 1000, so CI runs the same fault sequences every time), DSSLOCK_PARALLEL (schedules run at
-// once, default 4: they mostly wait on timers), DSSLOCK_VISUALIZE=1 (write the visualization of every
-// schedule, not only failing ones).
+// Environment: DSSLOCK_SCHEDULES (default 20); DSSLOCK_SEED (the first seed;
+// default 1000, so that CI runs the same fault sequences every time);
+// DSSLOCK_PARALLEL (schedules run at once, default 4: they mostly wait on
+// timers); DSSLOCK_VISUALIZE=1 (write the visualization of every schedule,
+// not only failing ones).
 package harness
