@@ -49,6 +49,8 @@ type Config struct {
 	// at least TTL-RenewDeadline more. That margin is the time the holder's
 	// work has to notice Done and stop before anyone else can take over, and
 	// it must also cover the clock rate difference between holder and store.
+	// It also bounds the wait for the answer to an acquisition, which could
+	// promise nothing later: one whose answer was lost is tried again then.
 	RenewDeadline time.Duration
 
 	// FenceKey makes each holding fence the lock's own key with its token,

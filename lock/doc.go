@@ -53,7 +53,8 @@
 //
 //   - Never "held" without holding. Lock and TryLock return success only
 //     after the store has applied this Lock's SET, and only if its answer
-//     came back within RenewDeadline of sending it. An acquisition whose
+//     came back within RenewDeadline of sending it, which is also as long
+//     as an acquisition waits for its answer. An acquisition whose
 //     outcome is unknown (timeout, lost connection) is either retried with
 //     the same value (harmless if the first one applied) or, when the
 //     caller gives up, undone with VDEL: no key is left behind for longer

@@ -302,10 +302,18 @@ func (l *Lock) attempt(ctx context.Context) (bool, error) {
 	rec := l.record(hlc.Timestamp{}, val)
 	l.undo = []undoDel{{rec: rec}}
 	sent := time.Now()
-	res, err := l.c.Set(ctx, l.cfg.Name, rec, sskv.SetOptions{
+	// An answer after the renew deadline could promise nothing (see below),
+	// so waiting longer for it only delays the next attempt: a lost answer
+	// would otherwise hold this Lock for the client's RequestTimeout.
+	actx, cancel := context.WithDeadline(ctx, sent.Add(l.cfg.RenewDeadline))
+	res, err := l.c.Set(actx, l.cfg.Name, rec, sskv.SetOptions{
 		Condition: sskv.IfEqualOrNotExists,
 		Expiry:    l.cfg.TTL,
 	})
+	cancel()
+	if err != nil && ctx.Err() == nil && actx.Err() != nil {
+		err = fmt.Errorf("%w: %w", errNoAnswer, err)
+	}
 	switch {
 	case errors.Is(err, sskv.ErrFencingTokenRequired):
 		l.undo = nil
@@ -395,6 +403,10 @@ func refused(err error) bool {
 	var se *sskv.ServiceError
 	return errors.As(err, &se) && !errors.Is(err, sskv.ErrFencingTokenLower) && !errors.Is(err, sskv.ErrFencingTokenRequired)
 }
+
+// errNoAnswer: an acquisition got no answer within the renew deadline. Its
+// outcome is unknown.
+var errNoAnswer = errors.New("lock: acquisition not answered within the renew deadline")
 
 // errAnsweredLate: an acquisition applied, but its answer came after the
 // renew deadline, so the Lock does not count it as held.

@@ -50,3 +50,52 @@ func TestEndDoesNotWaitForLostStop(t *testing.T) {
 		t.Fatalf("Unlock took %v (%v): it waited for the lost answer to KEYNOTIFY STOP", took, err)
 	}
 }
+
+// TestLostAcquisitionAnswer: an acquisition whose answer is lost (the store
+// applied the SET, the answer never came, the connection stayed up) waits no
+// longer than the renew deadline, after which the answer could promise
+// nothing. It used to wait for the client's RequestTimeout: when every
+// candidate of an election lost one, nobody led for that long (the fault
+// harness found it, seed 1084).
+func TestLostAcquisitionAnswer(t *testing.T) {
+	srv := startStore(t)
+	ctx := testCtx(t)
+	c, err := sskv.Dial(ctx, sskv.Config{Addr: srv.Addr(), ClientID: testID(t), RequestTimeout: time.Minute})
+	if err != nil {
+		t.Fatalf("Dial: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	l := newLock(t, c, lock.Config{Name: "l", TTL: time.Second})
+	observer := newLock(t, dial(t, srv.Addr()), lock.Config{Name: "l"})
+
+	// TryLock reports the unknown outcome as a timeout, and deletes the key
+	// it may have taken before the next acquisition.
+	srv.SetResponseFault(c.ID(), localstore.ResponseFault{Drop: true})
+	start := time.Now()
+	ok, err := l.TryLock(ctx)
+	took := time.Since(start)
+	t.Logf("TryLock with its answer lost: %v, %v after %v", ok, err, took)
+	if ok || !errors.Is(err, context.DeadlineExceeded) || took > 30*time.Second {
+		t.Fatalf("TryLock with its answer lost = %v, %v after %v; want DeadlineExceeded at the renew deadline (%v)",
+			ok, err, took, l.Config().RenewDeadline)
+	}
+
+	// Lock tries again once the answers come back.
+	before := srv.Requests(c.ID())
+	got := make(chan error, 1)
+	start = time.Now()
+	go func() { got <- l.Lock(ctx) }()
+	waitFor(t, "an acquisition whose answer is lost", func() bool { return srv.Requests(c.ID()) > before })
+	srv.SetResponseFault(c.ID(), localstore.ResponseFault{})
+	if err := <-got; err != nil {
+		t.Fatalf("Lock: %v", err)
+	}
+	took = time.Since(start)
+	t.Logf("Lock with its first answer lost: held after %v", took)
+	if took > 30*time.Second {
+		t.Fatalf("Lock took %v: it waited for the lost answer", took)
+	}
+	if h := holder(t, observer); h.ID != l.HolderID() {
+		t.Fatalf("Lock returned, but Holder = %+v", h)
+	}
+}
