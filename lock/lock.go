@@ -377,7 +377,12 @@ func (l *Lock) giveBack(ctx context.Context) error {
 	}
 	for len(l.undo) > 0 {
 		u := l.undo[len(l.undo)-1]
-		_, err := l.c.VDel(ctx, l.cfg.Name, u.rec, sskv.DelOptions{FencingToken: u.ft})
+		// A lost answer must not hold up the next attempt for the client's
+		// RequestTimeout: after a TTL, try again (a repeated VDEL is
+		// harmless).
+		vctx, cancel := context.WithTimeout(ctx, l.cfg.TTL)
+		_, err := l.c.VDel(vctx, l.cfg.Name, u.rec, sskv.DelOptions{FencingToken: u.ft})
+		cancel()
 		if err != nil && !errors.Is(err, sskv.ErrFencingTokenRequired) && !errors.Is(err, sskv.ErrFencingTokenLower) {
 			return err
 		}

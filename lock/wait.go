@@ -92,7 +92,13 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 				wctx, cancelW := context.WithCancel(context.WithoutCancel(ctx))
 				stopOnCtx := context.AfterFunc(ctx, cancelW)
 				cancel := func() { stopOnCtx(); cancelW() }
-				if w, err = l.c.Watch(wctx, l.cfg.Name); err != nil {
+				// A lost answer to the KEYNOTIFY must not keep the waiter
+				// from checking for the client's RequestTimeout: after a
+				// TTL, give up on this watch and check again.
+				slow := time.AfterFunc(l.cfg.TTL, cancelW)
+				w, err = l.c.Watch(wctx, l.cfg.Name)
+				slow.Stop() // if it fired after Watch returned, the watch ends and is set up again
+				if err != nil {
 					cancel()
 					w = nil
 					if ctx.Err() != nil || errors.Is(err, sskv.ErrClosed) || refused(err) {
