@@ -71,7 +71,12 @@
 // other services). A leader's request delayed in the network by more than
 // TTL - RenewDeadline can land after its term ended; fencing makes it
 // harmless to keys written by later terms, and an election key it re-creates
-// expires after one TTL.
+// expires after one TTL. A request whose answer is lost (applied by the
+// store, but never answered, on a connection that stays up) holds its caller
+// until the caller's deadline or the client's RequestTimeout. A campaign
+// gives up on a lost answer within a TTL and tries again, but the work's own
+// requests need deadlines of their own, shorter than the time it may stall
+// without harm.
 //
 // # Configuration
 //

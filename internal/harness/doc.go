@@ -21,7 +21,9 @@
 //     invocation);
 //   - accepted writes, in the store's version order, carry non-decreasing
 //     fencing tokens, so no two terms' writes interleave;
-//   - after the faults are healed, a leader is elected and writes again.
+//   - after the faults are healed, a leader is elected and writes again
+//     within 5 s, half the client's RequestTimeout: nothing on the way to
+//     leadership may wait out a lost answer.
 //
 // A failing schedule prints its seed and the command that replays it, and
 // writes porcupine's HTML visualization of its history (with faults and
