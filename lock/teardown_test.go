@@ -75,7 +75,9 @@ func TestLostAcquisitionAnswer(t *testing.T) {
 	ok, err := l.TryLock(ctx)
 	took := time.Since(start)
 	t.Logf("TryLock with its answer lost: %v, %v after %v", ok, err, took)
-	if ok || !errors.Is(err, context.DeadlineExceeded) || took > 30*time.Second {
+	// The bound is far above the renew deadline (noisy machines), and far
+	// below the test's context, which the old code waited out.
+	if ok || !errors.Is(err, context.DeadlineExceeded) || took > waitTimeout/2 {
 		t.Fatalf("TryLock with its answer lost = %v, %v after %v; want DeadlineExceeded at the renew deadline (%v)",
 			ok, err, took, l.Config().RenewDeadline)
 	}
@@ -92,7 +94,7 @@ func TestLostAcquisitionAnswer(t *testing.T) {
 	}
 	took = time.Since(start)
 	t.Logf("Lock with its first answer lost: held after %v", took)
-	if took > 30*time.Second {
+	if took > waitTimeout/2 {
 		t.Fatalf("Lock took %v: it waited for the lost answer", took)
 	}
 	if h := holder(t, observer); h.ID != l.HolderID() {
