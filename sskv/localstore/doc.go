@@ -73,6 +73,10 @@
 //   - A packet larger than Config.MaxPacketSize (default 4 MiB, announced in
 //     CONNACK) ends the connection; its declared length is checked before
 //     anything is allocated for it, CONNECT included.
+//   - A malformed packet ends its connection, and only that: mochi v2.7.9's
+//     decoder panics on some (a truncated MQTT 5 SUBSCRIBE,
+//     mochi-mqtt/server#501), which would end the process, so the store
+//     recovers from panics raised in the decoder and from nowhere else.
 //   - A client with more than 1024 (the broker's Receive Maximum) QoS 2
 //     messages unacknowledged to the store is disconnected with 0x93. QoS 1
 //     requests are acknowledged as they are executed, in order, so they

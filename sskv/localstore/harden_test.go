@@ -17,6 +17,7 @@ import (
 	mqtt "github.com/mochi-mqtt/server/v2"
 
 	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/internal/storetest"
 	"github.com/dsslock/dsslock/sskv/internal/wire"
 	"github.com/dsslock/dsslock/sskv/localstore"
 )
@@ -208,6 +209,39 @@ func TestMaxPacketSize(t *testing.T) {
 	raw.write(raw.request(1, "too-big/response", "SET", "big", strings.Repeat("v", 65<<10)))
 	raw.readUntilClosed()
 	mustPayload(t, c.do(cmd("GET", "big")), nullResp)
+}
+
+// TestTruncatedSubscribe: an MQTT 5 SUBSCRIBE that ends right after its topic
+// filter, without the subscription options byte, makes mochi's decoder index
+// past the packet (mochi-mqtt/server#501). The panic ended the whole
+// process: any client could stop the store with eight bytes. FuzzMQTTInput
+// found it. Now the connection is closed as for any malformed packet, the
+// store forgets its watches, the store goes on serving, and the client id
+// can connect again.
+func TestTruncatedSubscribe(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	c := connect(t, srv)
+	raw := dialRaw(t, srv.Addr(), 0)
+	raw.connect("truncated", 30)
+	raw.subscribe("truncated/response")
+	raw.write(raw.request(1, "truncated/response", "KEYNOTIFY", "k"))
+	for {
+		if p, ok := raw.read().Content.(*packets.Publish); ok && p.Topic == "truncated/response" {
+			break
+		}
+	}
+	if !srv.Watching("truncated", "k") {
+		t.Fatal("the KEYNOTIFY was not registered")
+	}
+
+	// SUBSCRIBE, packet id 1, no properties, filter "k", and no options byte.
+	if _, err := raw.c.Write([]byte{0x82, 0x06, 0, 1, 0, 0, 1, 'k'}); err != nil {
+		t.Fatal(err)
+	}
+	raw.readUntilClosed()
+	storetest.Eventually(t, "the store to forget the closed connection's watch", func() bool { return !srv.Watching("truncated", "k") })
+	mustPayload(t, c.do(cmd("SET", "k", "v")), okResp)
+	dialRaw(t, srv.Addr(), 0).connect("truncated", 30)
 }
 
 // TestInvalidResponseTopic: a request whose response topic has a wildcard

@@ -143,6 +143,9 @@ func noFlowControl(cl *mqtt.Client) {
 // new connection starts with no watches, even when it resumes a session.
 func (h *hook) OnSessionEstablished(cl *mqtt.Client, pk packets.Packet) {
 	noFlowControl(cl)
+	if dc, ok := cl.Net.Conn.(*deadlineConn); ok {
+		dc.client.Store(cl)
+	}
 	for _, held := range cl.State.Inflight.GetAll(true) { // held back while the quota was briefly on
 		held.Expiry = 0
 		cl.State.Inflight.Set(held)

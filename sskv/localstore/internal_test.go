@@ -109,3 +109,37 @@ func TestFlowControlOff(t *testing.T) {
 		}
 	}
 }
+
+// recoverIn runs f and reports whether it panicked in a function whose name
+// begins with prefix, as establish decides.
+func recoverIn(prefix string, f func()) (in bool) {
+	defer func() {
+		if recover() != nil {
+			in = panicIn(prefix)
+		}
+	}()
+	f()
+	return false
+}
+
+// TestPanicIn: establish recovers from panics of the broker's decoder, and
+// only from those.
+func TestPanicIn(t *testing.T) {
+	truncated := func() {
+		pk := packets.Packet{ProtocolVersion: 5}
+		_ = pk.SubscribeDecode([]byte{0, 1, 0, 0, 1, 'k'}) // mochi-mqtt/server#501
+	}
+	if !recoverIn(decoderPackage, truncated) {
+		t.Error("a panic in the decoder was not found to be the decoder's")
+	}
+	elsewhere := func() {
+		var s []int
+		_ = s[len(s)+1]
+	}
+	if recoverIn(decoderPackage, elsewhere) {
+		t.Error("a panic in this package was found to be the decoder's")
+	}
+	if recoverIn(decoderPackage, func() { panic("explicit") }) {
+		t.Error("an explicit panic in this package was found to be the decoder's")
+	}
+}

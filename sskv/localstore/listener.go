@@ -7,6 +7,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -71,7 +73,7 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 		_ = dc.SetDeadline(time.Now().Add(connectTimeout))
 		go func() {
 			defer l.wg.Done()
-			err := establish(l.id, dc)
+			err := l.establish(establish, dc)
 			_ = dc.Close()
 			l.s.connectionDone(dc)
 			dc.linger(lingerTimeout)
@@ -79,6 +81,8 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 			delete(l.conns, dc)
 			l.mu.Unlock()
 			switch {
+			case errors.Is(err, errDecoderPanicked):
+				l.s.log.Warn("closed connection: malformed packet", "remote", dc.RemoteAddr().String(), "error", err)
 			case errors.Is(err, packets.ErrPacketTooLarge):
 				l.s.log.Warn("closed connection: packet larger than the maximum packet size",
 					"remote", dc.RemoteAddr().String(), "max_packet_size", l.s.cfg.MaxPacketSize)
@@ -86,6 +90,76 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 				l.s.log.Debug("connection ended", "remote", dc.RemoteAddr().String(), "error", err)
 			}
 		}()
+	}
+}
+
+// establish runs the broker's handling of the connection dc, and survives a
+// panic of the broker's packet decoder. mochi v2.7.9 panics on some
+// malformed packets (a truncated MQTT 5 SUBSCRIBE indexes past its end:
+// mochi-mqtt/server#501), and a panic in a connection's goroutine ends the
+// process: any client could stop the store with a dozen bytes. The decoder
+// works on the connection's own buffer and holds no lock, so the broker is
+// sound after it panicked: the connection is closed, as for any malformed
+// packet, and what the broker does after a failed read is done here
+// (Server.malformed). A panic anywhere else goes on as it would have.
+func (l *listener) establish(fn listeners.EstablishFn, dc *deadlineConn) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			if !panicIn(decoderPackage) {
+				panic(p)
+			}
+			err = fmt.Errorf("%w: %v", errDecoderPanicked, p)
+			l.s.malformed(dc, err)
+		}
+	}()
+	return fn(l.id, dc)
+}
+
+// decoderPackage is the broker's packet codec: the code establish lets panic.
+const decoderPackage = "github.com/mochi-mqtt/server/v2/packets."
+
+var errDecoderPanicked = errors.New("localstore: the broker's packet decoder panicked on a malformed packet")
+
+// panicIn reports whether the panic being recovered was raised in a function
+// whose name begins with prefix. Called from a deferred function, it sees
+// the stack as it was when the panic began: the first frame below
+// runtime.gopanic that is not the runtime's own is where it was raised.
+func panicIn(prefix string) bool {
+	pcs := make([]uintptr, 64)
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(2, pcs)])
+	below := false
+	for {
+		f, more := frames.Next()
+		switch {
+		case f.Function == "runtime.gopanic":
+			below = true
+		case below && !strings.HasPrefix(f.Function, "runtime."):
+			return strings.HasPrefix(f.Function, prefix)
+		}
+		if !more {
+			return false
+		}
+	}
+}
+
+// malformed does for the connection dc, after the broker's decoder
+// panicked on its input, what the broker does when a read fails: the client
+// (if its session was set up) is disconnected, the store forgets its
+// connection and watches, and a session that does not outlive its
+// connection is removed. Its will message, if it had one, is not sent.
+func (s *Server) malformed(dc *deadlineConn, err error) {
+	cl := dc.client.Load()
+	if cl == nil {
+		return // the CONNECT itself was malformed: no session yet
+	}
+	cl.Stop(err)
+	expire := (cl.Properties.ProtocolVersion == 5 && cl.Properties.Props.SessionExpiryInterval == 0) ||
+		(cl.Properties.ProtocolVersion < 5 && cl.Properties.Clean)
+	(&hook{s: s}).OnDisconnect(cl, err, expire)
+	if expire && !cl.IsTakenOver() {
+		cl.ClearInflights()
+		s.broker.UnsubscribeClient(cl)
+		s.broker.Clients.Delete(cl.ID)
 	}
 }
 
@@ -152,8 +226,9 @@ type deadlineConn struct {
 	broken  atomic.Bool
 	closing sync.Once
 	gate    gate
-	lastOut atomic.Uint32 // packet id of the newest QoS message to the client (see packetid.go)
-	inbound atomic.Uint32 // the QoS 1 PUBLISH from the client being handled (see setInbound)
+	lastOut atomic.Uint32               // packet id of the newest QoS message to the client (see packetid.go)
+	inbound atomic.Uint32               // the QoS 1 PUBLISH from the client being handled (see setInbound)
+	client  atomic.Pointer[mqtt.Client] // the broker's client, once its session is set up
 }
 
 func newDeadlineConn(conn net.Conn, s *Server) *deadlineConn {
