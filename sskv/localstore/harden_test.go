@@ -65,11 +65,7 @@ func TestPausedWatcherDoesNotFreezeStore(t *testing.T) {
 
 	w := dialRaw(t, srv.Addr(), 4096)
 	w.connect("paused-watcher", 0)
-	w.subscribe("paused/response")
-	w.write(w.request(1, "paused/response", "KEYNOTIFY", "hot"))
-	for got := 0; got < 2; got++ { // PUBACK and response, in either order
-		w.read()
-	}
+	w.watch("paused/response", "hot")
 	if !srv.Watching("paused-watcher", "hot") {
 		t.Fatal("watch not registered")
 	}
@@ -223,13 +219,7 @@ func TestTruncatedSubscribe(t *testing.T) {
 	c := connect(t, srv)
 	raw := dialRaw(t, srv.Addr(), 0)
 	raw.connect("truncated", 30)
-	raw.subscribe("truncated/response")
-	raw.write(raw.request(1, "truncated/response", "KEYNOTIFY", "k"))
-	for {
-		if p, ok := raw.read().Content.(*packets.Publish); ok && p.Topic == "truncated/response" {
-			break
-		}
-	}
+	raw.watch("truncated/response", "k")
 	if !srv.Watching("truncated", "k") {
 		t.Fatal("the KEYNOTIFY was not registered")
 	}

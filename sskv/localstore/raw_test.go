@@ -124,6 +124,19 @@ func (rc *rawConn) subscribe(filter string) {
 	}
 }
 
+// watch registers a KEYNOTIFY of key, answered on respTopic, and reads until
+// the answer comes.
+func (rc *rawConn) watch(respTopic, key string) {
+	rc.t.Helper()
+	rc.subscribe(respTopic)
+	rc.write(rc.request(1, respTopic, "KEYNOTIFY", key))
+	for {
+		if p, ok := rc.read().Content.(*packets.Publish); ok && p.Topic == respTopic {
+			return
+		}
+	}
+}
+
 // lengthHeader is a fixed header of the given packet type byte that declares
 // a remaining length of n bytes (at most 268,435,455, MQTT's largest).
 func lengthHeader(typ byte, n int) []byte {
