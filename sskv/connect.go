@@ -18,6 +18,8 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/eclipse/paho.golang/autopaho"
 	"github.com/eclipse/paho.golang/paho"
+	"github.com/eclipse/paho.golang/paho/session/state"
+	"github.com/eclipse/paho.golang/paho/store/memory"
 
 	"github.com/dsslock/dsslock/hlc"
 	"github.com/dsslock/dsslock/sskv/internal/wire"
@@ -47,6 +49,7 @@ type Client struct {
 	clock        *hlc.Clock
 	cm           *autopaho.ConnectionManager
 	cmSet        chan struct{} // closed once cm is set
+	sess         *sessionStore // the MQTT session's store of requests; nil for NewFromConnection
 	ownsCM       bool
 	respTopic    string
 	notifyFilter string
@@ -68,6 +71,7 @@ type Client struct {
 
 	pmu     sync.Mutex
 	pending map[[16]byte]*pending
+	bound   map[[16]byte]uint64 // requests bound to a Conn, while paho handles them: the Conn's sessionStore sequence number
 
 	wmu      sync.Mutex
 	nseq     atomic.Uint64 // notifications routed so far
@@ -80,6 +84,8 @@ type Client struct {
 
 	closeOnce sync.Once
 	closed    atomic.Bool
+
+	testHookSync func(key string) // tests: called by a watch's sync before its KEYNOTIFY
 }
 
 // connState is one state of the connection. gen counts connections: it is 0
@@ -88,6 +94,7 @@ type Client struct {
 type connState struct {
 	gen       uint64
 	ready     bool
+	conn      *Conn // connection gen; nil before the first
 	err       error // the response subscription was refused: requests fail
 	notifyErr error // the notification subscription was refused: watches fail
 }
@@ -110,6 +117,7 @@ func newClient(cfg Config) (*Client, error) {
 		stChanged:    make(chan struct{}),
 		cmSet:        make(chan struct{}),
 		pending:      make(map[[16]byte]*pending),
+		bound:        make(map[[16]byte]uint64),
 		regs:         make(map[string]*registration),
 		stopping:     make(map[string]chan struct{}),
 	}
@@ -152,6 +160,7 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 		scheme = "mqtts"
 	}
 	c.pinger = newPinger(cfg.PingTimeout)
+	c.sess = newSessionStore(c)
 	acfg := autopaho.ClientConfig{
 		ServerUrls:                    []*url.URL{{Scheme: scheme, Host: cfg.Addr}},
 		TlsCfg:                        cfg.TLS,
@@ -187,6 +196,7 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 			ClientID:          cfg.ClientID,
 			OnPublishReceived: []func(paho.PublishReceived) (bool, error){c.HandlePublish},
 			PacketTimeout:     publishTimeout,
+			Session:           state.New(c.sess, memory.New()),
 			AuthHandler:       satAuth{c: c},
 			PingHandler:       c.pinger,
 			OnClientError: func(err error) {
@@ -332,8 +342,11 @@ func DialEnv(ctx context.Context) (*Client, error) {
 //     [Client.ConnectionDown] from its OnConnectionDown.
 //
 // The session should have a positive expiry, so that a request in flight
-// survives a reconnect (see the package documentation). Close does not
-// disconnect cm.
+// survives a reconnect (see the package documentation). The session is the
+// application's, so what it sends again after a reconnect is up to it: a
+// request whose caller gave up may be executed late, and a request bound to
+// a [Conn] is checked before it is handed to the connection, but not kept
+// from being resent by the session. Close does not disconnect cm.
 func NewFromConnection(ctx context.Context, cm *autopaho.ConnectionManager, clientID string, cfg Config) (*Client, error) {
 	if cm == nil {
 		return nil, configErr("nil ConnectionManager")
@@ -410,6 +423,10 @@ func (c *Client) Close() error {
 		c.bgClosed = true
 		c.bgMu.Unlock()
 		c.failPending(func(*pending) bool { return true }, ErrClosed)
+		c.setState(func(old connState) connState {
+			old.conn.markLost()
+			return old
+		})
 		c.closeWatches()
 		if c.ownsCM {
 			// autopaho sends DISCONNECT and closes the socket; a write to a
@@ -505,7 +522,15 @@ func (c *Client) ConnectionUp(connack *paho.Connack) {
 		return
 	}
 	sessionPresent := connack != nil && connack.SessionPresent
-	st := c.setState(func(old connState) connState { return connState{gen: old.gen + 1} })
+	var seq uint64
+	if c.sess != nil {
+		seq = c.sess.seq.Load()
+	}
+	st := c.setState(func(old connState) connState {
+		old.conn.markLost() // if ConnectionDown was not called
+		gen := old.gen + 1
+		return connState{gen: gen, conn: newConn(c, gen, seq)}
+	})
 	c.spawn(func() { c.setup(st.gen, sessionPresent) })
 }
 
@@ -514,7 +539,10 @@ func (c *Client) ConnectionUp(connack *paho.Connack) {
 // to call it from OnConnectionDown. New requests wait for the next
 // connection; requests in flight keep waiting for their responses.
 func (c *Client) ConnectionDown() {
-	st := c.setState(func(old connState) connState { return connState{gen: old.gen} })
+	st := c.setState(func(old connState) connState {
+		old.conn.markLost()
+		return connState{gen: old.gen, conn: old.conn}
+	})
 	if !c.closed.Load() {
 		c.log.Info("connection lost; reconnecting", "connection", st.gen)
 	}
@@ -569,12 +597,18 @@ func (c *Client) setup(gen uint64, sessionPresent bool) {
 			return
 		}
 	}
-	if !sessionPresent {
-		n := c.failPending(func(p *pending) bool {
-			g := p.gen.Load()
-			return g != 0 && g < gen
-		}, ErrConnectionLost)
-		if n > 0 {
+	// Requests handed to an earlier connection can be answered only through
+	// the resumed session, and the broker delivered what it held for the
+	// client before it acknowledged the subscription. Those bound to the
+	// lost connection are never sent again (see sessionStore), and nothing
+	// is sent again when the session is gone: their outcome is unknown.
+	if n := c.failPending(func(p *pending) bool {
+		g := p.gen.Load()
+		return g != 0 && g < gen && (p.bound || !sessionPresent)
+	}, ErrConnectionLost); n > 0 {
+		if sessionPresent {
+			c.log.Debug("requests bound to the lost connection have an unknown outcome", "requests", n)
+		} else {
 			c.log.Warn("session lost on reconnect: requests in flight have an unknown outcome", "requests", n)
 		}
 	}
@@ -582,7 +616,7 @@ func (c *Client) setup(gen uint64, sessionPresent bool) {
 		if old.gen != gen {
 			return old
 		}
-		return connState{gen: gen, ready: true, err: respErr, notifyErr: notifyErr}
+		return connState{gen: gen, ready: true, conn: old.conn, err: respErr, notifyErr: notifyErr}
 	})
 	if st.gen == gen {
 		if gen > 1 {
@@ -590,7 +624,7 @@ func (c *Client) setup(gen uint64, sessionPresent bool) {
 		} else {
 			c.log.Debug("connection ready", "connection", gen, "sessionPresent", sessionPresent)
 		}
-		c.resyncWatches(gen)
+		c.resyncWatches(st.conn)
 	}
 }
 

@@ -23,7 +23,9 @@
 // flight on the connection at once; they are matched to their responses by
 // correlation data. Each waits at most until its context's deadline, or
 // Config.RequestTimeout when the context has none; the service is told the
-// same bound as the message expiry.
+// same bound as the request's Message Expiry (the time left, in whole
+// seconds rounded up), and a broker drops a request whose expiry passes
+// before it is delivered to the service (the local store does too).
 //
 // Outcomes that are not errors: a missing key (Found false), a SET whose
 // condition was not met (Applied false, with the version of the value that
@@ -56,12 +58,28 @@
 //     handed to the connection is sent again, so it is never reported as not
 //     executed when it might have been.
 //   - In flight when the connection drops: the PUBLISH stays in the MQTT
-//     session and is sent again after the reconnect. The response, held in
-//     the broker's session while the client was away, is delivered after the
-//     reconnect. QoS 1 is at-least-once, so the service may execute such a
-//     request twice; the client takes the first response, which is normally
-//     the original's (were it lost, the repeat's answer could report "not
-//     applied" or "not deleted" for the client's own earlier write).
+//     session and is sent again after the reconnect, with its Message Expiry
+//     set to the time its caller has left, if its caller still waits. The
+//     response, held in the broker's session while the client was away, is
+//     delivered after the reconnect. QoS 1 is at-least-once, so the service
+//     may execute such a request twice; the client takes the first response,
+//     which is normally the original's (were it lost, the repeat's answer
+//     could report "not applied" or "not deleted" for the client's own
+//     earlier write).
+//   - A request whose caller has given up (its context ended) is never sent
+//     again. MQTT makes a resumed session resend every unacknowledged
+//     PUBLISH, so the client resends it as a harmless read instead (a GET of
+//     an empty key, which the service refuses without touching any key),
+//     under correlation data nobody waits for: an abandoned SET cannot
+//     create or extend a key after the fact.
+//   - A request bound to a connection ([Conn]) is never sent on another one:
+//     made after its connection was lost, it fails at once with [ErrNotSent]
+//     (not executed); in flight when the connection drops, it is not sent
+//     again, and fails with [ErrConnectionLost] once the next connection is
+//     set up unless its answer came with the resumed session. Package lock
+//     binds a holder's renewals to the connection on which it last checked
+//     its key, so that no renewal reaches a store across an outage (a store
+//     restart that lost the key, say) the holder has not checked.
 //   - If the broker reports on reconnect that the session is gone (it
 //     expired, or the broker lost it), responses to requests sent earlier can
 //     never arrive: those requests fail at once with [ErrConnectionLost],
@@ -79,11 +97,12 @@
 //
 // A request that returns an error after it was sent — a timeout,
 // [ErrConnectionLost] — has an unknown outcome: the service may still
-// execute it, even long after the caller gave up (its message expiry counts
-// from the broker's receipt, and a frozen connection can deliver it when the
-// network heals). Callers that hold leases must treat a timed-out acquire or
-// renewal as possibly applied. The error of a request whose connection was
-// lost meanwhile says so.
+// execute it after the caller gave up. The client never sends it again, but
+// the copy already on its way can arrive late: a frozen connection delivers
+// what it held when the network heals, and a Message Expiry counts from
+// the broker's receipt. Callers that hold leases must treat a timed-out
+// acquire or renewal as possibly applied. The error of a request whose
+// connection was lost meanwhile says so.
 //
 // # Dead connections
 //
@@ -122,9 +141,15 @@
 //     it, and delivers one Event with Resync set, carrying the key's current
 //     value or its deletion, if the key changed while the connection was down
 //     (the service ends watches on disconnect, so those changes cannot be
-//     delivered one by one). An unchanged key produces no event. Changes the
+//     delivered one by one). An unchanged key produces no event, and a
+//     watcher is never told the same state twice in a row. Changes the
 //     service notifies between re-registration and that read are folded into
-//     the Resync event.
+//     the Resync event. A read that finds the key missing while a
+//     notification of it comes in is repeated: "not found" carries no
+//     version to order it by. Registration and read are bound to the new
+//     connection (a registration is never sent again on a later one, where
+//     nobody would stop it), and a Watcher stopped meanwhile is unregistered
+//     after them.
 //   - A slow consumer: each watcher buffers Config.WatchBuffer events (default
 //     64). Beyond that, its events are coalesced into one Resync event with
 //     the key's latest known state, delivered after the buffered events as

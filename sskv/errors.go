@@ -53,10 +53,16 @@ var (
 
 	// ErrConnectionLost reports a request whose outcome is unknown: it may or
 	// may not have been executed, because the connection was lost after the
-	// request was handed to it and the session that would have delivered the
-	// response did not survive (the broker reported no session on
-	// reconnect). Requests that were certainly not sent are retried instead.
+	// request was handed to it, and its answer cannot come: the session
+	// that would have delivered it did not survive (the broker reported no
+	// session on reconnect), or the request was bound to the lost
+	// connection ([Conn]) and is not sent again. Requests of the Client
+	// that were certainly not sent are retried instead.
 	ErrConnectionLost = errors.New("sskv: connection lost, request outcome unknown")
+
+	// ErrNotSent reports a request bound to a connection ([Conn]) that was
+	// lost before the request went out: it was not sent, and not executed.
+	ErrNotSent = errors.New("sskv: request not sent: its connection was lost")
 
 	// ErrPublishRejected reports a request the broker refused to accept (a
 	// PUBACK with a failure reason code, e.g. not authorized to publish). The

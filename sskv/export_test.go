@@ -28,7 +28,7 @@ type RawReply struct {
 // DoRawForTest sends payload as a request with the standard properties plus
 // props; withTS adds a fresh __ts unless props has one.
 func DoRawForTest(ctx context.Context, c *Client, payload []byte, props map[string]string, withTS bool) (RawReply, error) {
-	r, err := c.doRequest(ctx, verbRaw, payload, func(u paho.UserProperties) paho.UserProperties {
+	r, err := c.doRequest(ctx, nil, verbRaw, payload, func(u paho.UserProperties) paho.UserProperties {
 		if _, ok := props["__ts"]; withTS && !ok {
 			u = append(u, paho.UserProperty{Key: "__ts", Value: c.clock.Now().String()})
 		}
@@ -90,4 +90,27 @@ func PendingForTest(c *Client) int {
 	c.pmu.Lock()
 	defer c.pmu.Unlock()
 	return len(c.pending)
+}
+
+// SetSyncHookForTest makes c call f before each KEYNOTIFY of a watch's sync
+// (the first one at Watch, and each after a reconnect).
+func SetSyncHookForTest(c *Client, f func(key string)) { c.testHookSync = f }
+
+// RegisteredForTest reports whether c has a registration for key.
+func RegisteredForTest(c *Client, key string) bool {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return c.regs[key] != nil
+}
+
+// KnownForTest returns the version of key that c's registration knows, and
+// whether it is resyncing.
+func KnownForTest(c *Client, key string) (hlc.Timestamp, bool) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	reg := c.regs[key]
+	if reg == nil {
+		return hlc.Timestamp{}, false
+	}
+	return reg.known.version, reg.resyncing
 }

@@ -97,8 +97,12 @@ type DelResult struct {
 // Get returns the value and version of key. A missing key is not an error:
 // Found is false.
 func (c *Client) Get(ctx context.Context, key string) (GetResult, error) {
+	return c.get(ctx, nil, key)
+}
+
+func (c *Client) get(ctx context.Context, pin *Conn, key string) (GetResult, error) {
 	payload := command(nil, "GET", key)
-	r, err := c.do(ctx, verbGet, payload, hlc.Timestamp{}, false)
+	r, err := c.do(ctx, pin, verbGet, payload, hlc.Timestamp{}, false)
 	if err != nil {
 		return GetResult{}, keyErr("GET", key, err)
 	}
@@ -109,11 +113,11 @@ func (c *Client) Get(ctx context.Context, key string) (GetResult, error) {
 // Set sets key to value under the given options. A SET whose Condition is not
 // met is not an error: Applied is false.
 func (c *Client) Set(ctx context.Context, key string, value []byte, opts SetOptions) (SetResult, error) {
-	r, err := c.set(ctx, key, value, opts)
+	r, err := c.set(ctx, nil, key, value, opts)
 	return r, keyErr("SET", key, err)
 }
 
-func (c *Client) set(ctx context.Context, key string, value []byte, opts SetOptions) (SetResult, error) {
+func (c *Client) set(ctx context.Context, pin *Conn, key string, value []byte, opts SetOptions) (SetResult, error) {
 	var cond string
 	switch opts.Condition {
 	case Always:
@@ -157,7 +161,7 @@ func (c *Client) set(ctx context.Context, key string, value []byte, opts SetOpti
 		payload = resp.AppendBulkString(payload, "PX")
 		payload = resp.AppendBulk(payload, msText)
 	}
-	r, err := c.do(ctx, verbSet, payload, opts.FencingToken, opts.Persist)
+	r, err := c.do(ctx, pin, verbSet, payload, opts.FencingToken, opts.Persist)
 	if err != nil {
 		return SetResult{}, err
 	}
@@ -166,10 +170,14 @@ func (c *Client) set(ctx context.Context, key string, value []byte, opts SetOpti
 
 // Del deletes key. Deleting a missing key is not an error: Deleted is false.
 func (c *Client) Del(ctx context.Context, key string, opts DelOptions) (DelResult, error) {
+	return c.del(ctx, nil, key, opts)
+}
+
+func (c *Client) del(ctx context.Context, pin *Conn, key string, opts DelOptions) (DelResult, error) {
 	if err := checkToken(opts.FencingToken); err != nil {
 		return DelResult{}, keyErr("DEL", key, err)
 	}
-	r, err := c.do(ctx, verbDel, command(nil, "DEL", key), opts.FencingToken, false)
+	r, err := c.do(ctx, pin, verbDel, command(nil, "DEL", key), opts.FencingToken, false)
 	if err != nil {
 		return DelResult{}, keyErr("DEL", key, err)
 	}
@@ -180,11 +188,11 @@ func (c *Client) Del(ctx context.Context, key string, opts DelOptions) (DelResul
 // VDel deletes key only if it holds value. When it holds another value the
 // key stays and Mismatch is true; neither case is an error.
 func (c *Client) VDel(ctx context.Context, key string, value []byte, opts DelOptions) (DelResult, error) {
-	d, err := c.vdel(ctx, key, value, opts)
+	d, err := c.vdel(ctx, nil, key, value, opts)
 	return d, keyErr("VDEL", key, err)
 }
 
-func (c *Client) vdel(ctx context.Context, key string, value []byte, opts DelOptions) (DelResult, error) {
+func (c *Client) vdel(ctx context.Context, pin *Conn, key string, value []byte, opts DelOptions) (DelResult, error) {
 	if err := checkToken(opts.FencingToken); err != nil {
 		return DelResult{}, err
 	}
@@ -193,7 +201,7 @@ func (c *Client) vdel(ctx context.Context, key string, value []byte, opts DelOpt
 	payload = resp.AppendBulkString(payload, "VDEL")
 	payload = resp.AppendBulkString(payload, key)
 	payload = resp.AppendBulk(payload, value)
-	r, err := c.do(ctx, verbVDel, payload, opts.FencingToken, false)
+	r, err := c.do(ctx, pin, verbVDel, payload, opts.FencingToken, false)
 	if err != nil {
 		return DelResult{}, err
 	}
@@ -226,9 +234,11 @@ func command(dst []byte, verb, key string, args ...string) []byte {
 
 // pending is a request waiting for its response.
 type pending struct {
-	ch     chan result        // receives exactly one result, from whoever removes the entry
-	gen    atomic.Uint64      // connection the request was last handed to; 0 before
-	cancel context.CancelFunc // cancels the request's context
+	ch       chan result        // receives exactly one result, from whoever removes the entry
+	gen      atomic.Uint64      // connection the request was last handed to; 0 before
+	cancel   context.CancelFunc // cancels the request's context
+	deadline time.Time          // when its caller stops waiting
+	bound    bool               // bound to a Conn: never sent on another connection
 }
 
 type result struct {
@@ -308,9 +318,10 @@ func (c *Client) handleResponse(p *paho.Publish) {
 }
 
 // do sends one request and returns its decoded response. It never returns
-// later than ctx's deadline (or RequestTimeout when ctx has none).
-func (c *Client) do(ctx context.Context, v verb, payload []byte, ft hlc.Timestamp, persist bool) (reply, error) {
-	return c.doRequest(ctx, v, payload, func(u paho.UserProperties) paho.UserProperties {
+// later than ctx's deadline (or RequestTimeout when ctx has none). A request
+// with a pin goes out on that connection or not at all (see Conn).
+func (c *Client) do(ctx context.Context, pin *Conn, v verb, payload []byte, ft hlc.Timestamp, persist bool) (reply, error) {
+	return c.doRequest(ctx, pin, v, payload, func(u paho.UserProperties) paho.UserProperties {
 		u = append(u, paho.UserProperty{Key: wire.PropTimestamp, Value: c.clock.Now().String()})
 		if !ft.IsZero() {
 			u = append(u, paho.UserProperty{Key: wire.PropFencingToken, Value: ft.String()})
@@ -324,9 +335,12 @@ func (c *Client) do(ctx context.Context, v verb, payload []byte, ft hlc.Timestam
 
 // doRequest is do with the request's own user properties added by props
 // (tests send raw requests through it).
-func (c *Client) doRequest(ctx context.Context, v verb, payload []byte, props func(paho.UserProperties) paho.UserProperties) (reply, error) {
+func (c *Client) doRequest(ctx context.Context, pin *Conn, v verb, payload []byte, props func(paho.UserProperties) paho.UserProperties) (reply, error) {
 	if c.closed.Load() {
 		return reply{}, ErrClosed
+	}
+	if pin != nil && pin.c != c {
+		return reply{}, fmt.Errorf("%w: a Conn of another client", ErrInvalidOption)
 	}
 	var cancel context.CancelFunc
 	if _, ok := ctx.Deadline(); ok {
@@ -335,8 +349,9 @@ func (c *Client) doRequest(ctx context.Context, v verb, payload []byte, props fu
 		ctx, cancel = context.WithTimeout(ctx, c.cfg.RequestTimeout)
 	}
 	defer cancel()
+	deadline, _ := ctx.Deadline()
 
-	p := &pending{ch: make(chan result, 1), cancel: cancel}
+	p := &pending{ch: make(chan result, 1), cancel: cancel, deadline: deadline, bound: pin != nil}
 	corr := c.register(p)
 	if c.closed.Load() { // Close may have failed the pending requests just before
 		c.unregister(corr)
@@ -361,7 +376,7 @@ func (c *Client) doRequest(ctx context.Context, v verb, payload []byte, props fu
 		},
 	}
 
-	res, err := c.exchange(ctx, p, corr, pub, &expiry)
+	res, err := c.exchange(ctx, pin, p, corr, pub, &expiry)
 	if err != nil {
 		return reply{}, err
 	}
@@ -386,28 +401,51 @@ func (c *Client) doRequest(ctx context.Context, v verb, payload []byte, props fu
 }
 
 // exchange publishes pub and waits for its response. It retries the PUBLISH
-// only while it is certain that the broker never got it. It returns by ctx's
-// deadline whatever the socket does: paho's Publish writes to the socket
-// without looking at ctx, so it runs on its own goroutine, which ends when
-// the write does (writes have a deadline, and a dead connection is closed).
-func (c *Client) exchange(ctx context.Context, p *pending, corr [16]byte, pub *paho.Publish, expiry *uint32) (result, error) {
+// only while it is certain that the broker never got it, and, for a request
+// bound to a connection (pin), never on another connection. It returns by
+// ctx's deadline whatever the socket does: paho's Publish writes to the
+// socket without looking at ctx, so it runs on its own goroutine, which ends
+// when the write does (writes have a deadline, and a dead connection is
+// closed).
+func (c *Client) exchange(ctx context.Context, pin *Conn, p *pending, corr [16]byte, pub *paho.Publish, expiry *uint32) (result, error) {
 	var lastGen uint64
 	for {
-		st, err := c.waitReady(ctx, lastGen)
+		var st *connState
+		var err error
+		if pin != nil {
+			if st = c.state.Load(); st.gen != pin.gen || !st.ready {
+				err = pin.notSent()
+			}
+			if st.err != nil {
+				err = st.err
+			}
+		} else {
+			st, err = c.waitReady(ctx, lastGen)
+		}
 		if err != nil {
 			if !c.unregister(corr) {
 				return <-p.ch, nil
 			}
-			if ctx.Err() != nil {
+			if pin == nil && ctx.Err() != nil {
 				err = c.ctxError(ctx, p)
 			}
 			return result{}, err
 		}
 		p.gen.Store(st.gen)
 		*expiry = expirySeconds(ctx)
+		if pin != nil {
+			c.pmu.Lock()
+			c.bound[corr] = pin.seq
+			c.pmu.Unlock()
+		}
 		done := make(chan pubResult, 1)
 		if !c.spawn(func() {
 			pr, err := c.cm.Publish(ctx, pub)
+			if pin != nil {
+				c.pmu.Lock()
+				delete(c.bound, corr)
+				c.pmu.Unlock()
+			}
 			done <- pubResult{pr, err}
 		}) {
 			done <- pubResult{err: ErrClosed}
@@ -429,7 +467,8 @@ func (c *Client) exchange(ctx context.Context, p *pending, corr [16]byte, pub *p
 			return res, nil
 		default:
 		}
-		if notSent(err) && !c.closed.Load() && ctx.Err() == nil {
+		unsent := notSent(err) || errors.Is(err, errBoundConnGone)
+		if unsent && pin == nil && !c.closed.Load() && ctx.Err() == nil {
 			c.log.Debug("request not sent; waiting for the connection", "error", err)
 			lastGen = st.gen
 			continue
@@ -440,6 +479,8 @@ func (c *Client) exchange(ctx context.Context, p *pending, corr [16]byte, pub *p
 		switch {
 		case c.closed.Load():
 			return result{}, ErrClosed
+		case unsent && pin != nil:
+			return result{}, pin.notSent()
 		case ctx.Err() != nil:
 			return result{}, c.ctxError(ctx, p)
 		case notSent(err), errors.Is(err, paho.ErrInvalidArguments):
@@ -517,13 +558,5 @@ func expirySeconds(ctx context.Context) uint32 {
 	if !ok {
 		return uint32(DefaultRequestTimeout / time.Second)
 	}
-	left := time.Until(d)
-	if left <= time.Second {
-		return 1
-	}
-	s := (left + time.Second - 1) / time.Second
-	if s > 1<<32-1 {
-		return 1<<32 - 1
-	}
-	return uint32(s)
+	return expiryFor(time.Until(d))
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/eclipse/paho.golang/paho"
@@ -76,7 +77,8 @@ type Watcher struct {
 	reg       *registration
 	q         []Event // ring buffer of pending events
 	head, n   int
-	resync    bool // a Resync event is owed after the queue
+	resync    bool     // a Resync event is owed after the queue
+	last      keyState // the state of the last event handed out (or the baseline), so that a Resync never repeats it
 	ended     bool
 	err       error
 	stopAfter func() bool
@@ -98,6 +100,10 @@ type registration struct {
 	syncGen   uint64        // connection of the latest sync started
 	ready     chan struct{} // closed when the first sync ends (err says how)
 	err       error
+	// syncs counts the syncs in progress, each started while reg was the
+	// key's registration: the KEYNOTIFY STOP that ends reg waits for them,
+	// so that it reaches the store after any KEYNOTIFY they sent.
+	syncs sync.WaitGroup
 }
 
 type keyState struct {
@@ -196,6 +202,10 @@ func (c *Client) attach(ctx context.Context, key string) (*Watcher, *registratio
 		done:   make(chan struct{}),
 		exited: make(chan struct{}),
 		q:      make([]Event, c.cfg.WatchBuffer),
+		last:   reg.known,
+	}
+	if reg.resyncing {
+		w.last = reg.base // what the registration's other watchers were last told
 	}
 	reg.watchers = append(reg.watchers, w)
 	c.wmu.Unlock()
@@ -227,10 +237,9 @@ func (c *Client) awaitSynced(ctx context.Context, reg *registration) error {
 		}
 		c.wmu.Lock()
 		reg.syncGen = max(reg.syncGen, st.gen)
-		gen := reg.syncGen
 		c.wmu.Unlock()
-		err = c.syncReg(ctx, reg, gen)
-		if errors.Is(err, ErrConnectionLost) {
+		err = c.syncReg(ctx, reg, st.conn)
+		if errors.Is(err, ErrConnectionLost) || errors.Is(err, ErrNotSent) {
 			continue
 		}
 		if err != nil {
@@ -249,42 +258,78 @@ func (c *Client) awaitSynced(ctx context.Context, reg *registration) error {
 	return reg.err
 }
 
-// syncReg sends KEYNOTIFY for reg, then GETs the key to learn its state and
-// ends reg's resync (for connection gen; a sync for an older connection
-// changes nothing).
-func (c *Client) syncReg(ctx context.Context, reg *registration, gen uint64) error {
-	r, err := c.do(ctx, verbKeyNotify, command(nil, "KEYNOTIFY", reg.key), hlc.Timestamp{}, false)
+// maxAmbiguousReads bounds the GETs of a sync that keep finding the key
+// missing while notifications of it come in (see syncReg).
+const maxAmbiguousReads = 3
+
+// syncReg sends KEYNOTIFY for reg on connection cn, then GETs the key on it
+// to learn its state, and ends reg's resync (for cn; a sync for an older
+// connection changes nothing). Both requests are bound to cn: a watch
+// belongs to a connection, and one registered on an earlier connection
+// must never be registered again on a later one by a resent request.
+func (c *Client) syncReg(ctx context.Context, reg *registration, cn *Conn) error {
+	c.wmu.Lock()
+	if c.regs[reg.key] != reg {
+		c.wmu.Unlock()
+		return nil // its last watcher stopped meanwhile: nothing to register
+	}
+	reg.syncs.Add(1)
+	c.wmu.Unlock()
+	defer reg.syncs.Done()
+	if c.testHookSync != nil {
+		c.testHookSync(reg.key)
+	}
+
+	r, err := c.do(ctx, cn, verbKeyNotify, command(nil, "KEYNOTIFY", reg.key), hlc.Timestamp{}, false)
 	if err == nil {
 		err = keyNotifyResult(verbKeyNotify, r)
 	}
 	if err != nil {
 		return err
 	}
-	r, err = c.do(ctx, verbGet, command(nil, "GET", reg.key), hlc.Timestamp{}, false)
-	if err != nil {
-		return err
-	}
-	g, err := getResult(r)
-	if err != nil {
-		return err
-	}
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	if !reg.resyncing || gen != reg.syncGen {
-		return nil
-	}
-	// A notification routed after the GET's response is newer than it.
-	if reg.lastSeq <= r.seq {
-		switch {
-		case g.Found && (reg.known.version.IsZero() || !reg.known.version.After(g.Version)):
-			reg.known = keyState{exists: true, value: g.Value, version: g.Version}
-		case !g.Found && reg.known.exists:
-			reg.known = keyState{version: reg.known.version, unseen: true}
+	for reads := 1; ; reads++ {
+		sent := c.nseq.Load()
+		r, err = c.do(ctx, cn, verbGet, command(nil, "GET", reg.key), hlc.Timestamp{}, false)
+		if err != nil {
+			return err
 		}
+		g, err := getResult(r)
+		if err != nil {
+			return err
+		}
+		c.wmu.Lock()
+		if !reg.resyncing || cn.gen != reg.syncGen {
+			c.wmu.Unlock()
+			return nil
+		}
+		// "Not found" carries no version, so it cannot be ordered against a
+		// notification that came in while the GET was under way: the SET
+		// it reports may have been made after the GET ran. Read again; the
+		// notifications, which report every change since the KEYNOTIFY,
+		// settle it if the key keeps changing.
+		ambiguous := !g.Found && reg.lastSeq > sent
+		if ambiguous && reads < maxAmbiguousReads {
+			c.wmu.Unlock()
+			continue
+		}
+		// A notification routed after the GET's response is newer than it.
+		if reg.lastSeq <= r.seq && !ambiguous {
+			switch {
+			case g.Found && (reg.known.version.IsZero() || !reg.known.version.After(g.Version)):
+				reg.known = keyState{exists: true, value: g.Value, version: g.Version}
+			case !g.Found && reg.known.exists:
+				reg.known = keyState{version: reg.known.version, unseen: true}
+			}
+		}
+		break
 	}
+	defer c.wmu.Unlock()
 	reg.resyncing = false
 	if reg.initial {
 		reg.initial = false
+		for _, w := range reg.watchers {
+			w.last = reg.known // the baseline: Watch reports changes after it
+		}
 		close(reg.ready)
 		return nil
 	}
@@ -296,9 +341,10 @@ func (c *Client) syncReg(ctx context.Context, reg *registration, gen uint64) err
 	return nil
 }
 
-// resyncWatches re-registers, after connection gen came up, every watch not
+// resyncWatches re-registers, after connection cn came up, every watch not
 // yet synced on it.
-func (c *Client) resyncWatches(gen uint64) {
+func (c *Client) resyncWatches(cn *Conn) {
+	gen := cn.gen
 	c.wmu.Lock()
 	var regs []*registration
 	for _, reg := range c.regs {
@@ -322,14 +368,14 @@ func (c *Client) resyncWatches(gen uint64) {
 	g.SetLimit(16)
 	for _, reg := range regs {
 		g.Go(func() error {
-			c.resyncOne(reg, gen)
+			c.resyncOne(reg, cn)
 			return nil
 		})
 	}
 	_ = g.Wait()
 }
 
-func (c *Client) resyncOne(reg *registration, gen uint64) {
+func (c *Client) resyncOne(reg *registration, cn *Conn) {
 	b := retryBackoff(c.cfg.ReconnectMin, c.cfg.ReconnectMax)
 	for {
 		c.wmu.Lock()
@@ -339,9 +385,9 @@ func (c *Client) resyncOne(reg *registration, gen uint64) {
 			return // its last watcher stopped meanwhile
 		}
 		ctx, cancel := context.WithTimeout(c.ctx, c.cfg.RequestTimeout)
-		err := c.syncReg(ctx, reg, gen)
+		err := c.syncReg(ctx, reg, cn)
 		cancel()
-		if err == nil || c.ctx.Err() != nil || c.state.Load().gen != gen {
+		if err == nil || c.ctx.Err() != nil || c.state.Load().gen != cn.gen || errors.Is(err, ErrNotSent) {
 			return // done, closing, or the next connection's setup takes over
 		}
 		var se *ServiceError
@@ -542,6 +588,7 @@ func (w *Watcher) end(err error, unregister bool) {
 	}
 	<-w.exited
 	if stopped != nil {
+		reg.syncs.Wait() // a KEYNOTIFY in flight goes before the STOP
 		c.sendStop(reg.key)
 		c.wmu.Lock()
 		delete(c.stopping, reg.key)
@@ -550,7 +597,10 @@ func (w *Watcher) end(err error, unregister bool) {
 	}
 }
 
-// sendStop ends the service's watch of key, if connected.
+// sendStop ends the service's watch of key, if connected. While the client
+// is not, there is nothing to end: watches end with their connection, and
+// no KEYNOTIFY is ever sent again on a later one (syncReg binds it to its
+// connection).
 func (c *Client) sendStop(key string) {
 	c.bgMu.Lock()
 	if c.bgClosed {
@@ -560,12 +610,13 @@ func (c *Client) sendStop(key string) {
 	c.wg.Add(1)
 	c.bgMu.Unlock()
 	defer c.wg.Done()
-	if !c.state.Load().ready {
+	st := c.state.Load()
+	if !st.ready {
 		return
 	}
 	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.RequestTimeout)
 	defer cancel()
-	r, err := c.do(ctx, verbKeyNotifyStop, command(nil, "KEYNOTIFY", key, "STOP"), hlc.Timestamp{}, false)
+	r, err := c.do(ctx, st.conn, verbKeyNotifyStop, command(nil, "KEYNOTIFY", key, "STOP"), hlc.Timestamp{}, false)
 	if err == nil {
 		err = keyNotifyResult(verbKeyNotifyStop, r)
 	}
@@ -612,11 +663,19 @@ func (w *Watcher) next() (Event, bool) {
 		w.q[w.head] = Event{}
 		w.head = (w.head + 1) % len(w.q)
 		w.n--
+		w.last = keyState{exists: ev.Op == OpSet, version: ev.Version}
 		return ev, true
 	}
 	if w.resync {
 		w.resync = false
 		k := w.reg.known
+		if k.same(w.last) {
+			// What this watcher was last told is still the state: a Resync
+			// owed for an overflow, then for a reconnect, may both find the
+			// same state, and one is enough.
+			return Event{}, false
+		}
+		w.last = k
 		ev := Event{Key: w.key, Op: OpDelete, Resync: true}
 		switch {
 		case k.exists:

@@ -1,0 +1,101 @@
+package sskv
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Conn is one connection of a [Client], from the moment it is ready until it
+// is lost. Requests made through a Conn are bound to it: they go out on this
+// connection or not at all.
+//
+//   - A request made after the connection was lost (or while a later one is
+//     being set up) is not sent, and fails at once with an error wrapping
+//     [ErrNotSent]: it was not executed.
+//   - A request in flight when the connection is lost is never sent again
+//     on a later connection, even when the client resumes its MQTT session.
+//     If its answer does not come with the resumed session, it fails with
+//     [ErrConnectionLost] once the next connection is set up: its outcome is
+//     unknown, but it was executed, if at all, while this connection was up.
+//
+// That is what code needs whose requests are only safe in a state it has
+// checked: a lock holder confirms after a reconnect that it still holds its
+// key, then renews it through the connection on which it checked, so that no
+// renewal can reach the store across an outage it has not checked. Requests
+// made through the Client itself are not bound: they wait for the next
+// connection, and one in flight is sent again after a reconnect while its
+// caller still waits (see the package documentation).
+//
+// A Conn is cheap and safe for concurrent use.
+type Conn struct {
+	c    *Client
+	gen  uint64
+	seq  uint64 // the session store's number of the connection
+	up   time.Time
+	lost chan struct{}
+	once sync.Once
+}
+
+func newConn(c *Client, gen, seq uint64) *Conn {
+	return &Conn{c: c, gen: gen, seq: seq, up: time.Now(), lost: make(chan struct{})}
+}
+
+// markLost closes the Conn's Done channel once. It may be called on nil.
+func (cn *Conn) markLost() {
+	if cn != nil {
+		cn.once.Do(func() { close(cn.lost) })
+	}
+}
+
+// Connection returns the client's current connection once it is ready
+// (subscribed to its response and notification topics), waiting for one as
+// long as ctx allows. It fails with ctx's error, or ErrClosed.
+func (c *Client) Connection(ctx context.Context) (*Conn, error) {
+	st, err := c.waitReady(ctx, 0)
+	if err != nil {
+		return nil, &opError{op: "connection", err: err}
+	}
+	return st.conn, nil
+}
+
+// Done returns a channel that is closed when the connection is lost (or the
+// client is closed). A later connection is another Conn.
+func (cn *Conn) Done() <-chan struct{} { return cn.lost }
+
+// Since returns when the connection was set up, on this process's monotonic
+// clock: whatever happened to the store while the client was disconnected
+// (a restart that lost every key, say) happened before it.
+func (cn *Conn) Since() time.Time { return cn.up }
+
+// Number returns the connection's number: 1 for the client's first
+// connection, growing by one with each reconnection.
+func (cn *Conn) Number() uint64 { return cn.gen }
+
+// Get is [Client.Get] bound to this connection.
+func (cn *Conn) Get(ctx context.Context, key string) (GetResult, error) {
+	return cn.c.get(ctx, cn, key)
+}
+
+// Set is [Client.Set] bound to this connection.
+func (cn *Conn) Set(ctx context.Context, key string, value []byte, opts SetOptions) (SetResult, error) {
+	r, err := cn.c.set(ctx, cn, key, value, opts)
+	return r, keyErr("SET", key, err)
+}
+
+// Del is [Client.Del] bound to this connection.
+func (cn *Conn) Del(ctx context.Context, key string, opts DelOptions) (DelResult, error) {
+	return cn.c.del(ctx, cn, key, opts)
+}
+
+// VDel is [Client.VDel] bound to this connection.
+func (cn *Conn) VDel(ctx context.Context, key string, value []byte, opts DelOptions) (DelResult, error) {
+	d, err := cn.c.vdel(ctx, cn, key, value, opts)
+	return d, keyErr("VDEL", key, err)
+}
+
+// notSent is the error of a request bound to cn that was not sent.
+func (cn *Conn) notSent() error {
+	return fmt.Errorf("%w: connection %d was lost before the request went out", ErrNotSent, cn.gen)
+}

@@ -1,0 +1,285 @@
+package sskv_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/dsslock/dsslock/faultproxy"
+	"github.com/dsslock/dsslock/sskv"
+	"github.com/dsslock/dsslock/sskv/localstore"
+)
+
+// What a resumed session may send again. The client reaches the store
+// through a fault proxy: Blackhole swallows what the client sends (the
+// PUBLISH stays unacknowledged in its MQTT session), Cut ends the connection,
+// and the client's slow reconnect leaves time to act while it is away. When
+// it comes back it resumes its session, and MQTT has it resend every
+// unacknowledged PUBLISH.
+
+// slowReconnect keeps a client away for about 300 ms after it loses its
+// connection.
+func slowReconnect(cfg *sskv.Config) {
+	cfg.ReconnectMin, cfg.ReconnectMax = 300*time.Millisecond, 300*time.Millisecond
+}
+
+// swallow freezes the client's connection, runs send (which must put a
+// request in flight), and cuts the connection.
+func swallow(t *testing.T, p *faultproxy.Proxy, c *sskv.Client, send func()) {
+	t.Helper()
+	p.Blackhole()
+	send()
+	p.Cut()
+}
+
+// reconnected waits until c has reconnected and the store has handled what
+// it resent: a request made now is executed after them.
+func reconnected(t *testing.T, c *sskv.Client) {
+	t.Helper()
+	if _, err := c.Get(testCtx(t), "sync-marker"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestAbandonedRequestNotResent: a SET whose caller gave up while it was
+// stuck is not executed when the session is resumed, whereas one whose
+// caller still waits is.
+func TestAbandonedRequestNotResent(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	p := startProxy(t, srv, faultproxy.Options{})
+	c := dial(t, srv, viaProxy(p), slowReconnect)
+	ctx := testCtx(t)
+	reconnected(t, c)
+
+	waiting := make(chan error, 1)
+	swallow(t, p, c, func() {
+		rctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		_, err := c.Set(rctx, "abandoned", []byte("late"), sskv.SetOptions{})
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Set on a frozen connection: %v, want a timeout", err)
+		}
+		go func() {
+			_, err := c.Set(ctx, "awaited", []byte("v"), sskv.SetOptions{})
+			waiting <- err
+		}()
+		eventually(t, "the second SET to be in flight", func() bool { return sskv.PendingForTest(c) == 1 })
+	})
+	if err := <-waiting; err != nil {
+		t.Fatalf("a SET whose caller waits across the reconnect: %v", err)
+	}
+	reconnected(t, c)
+	if g, err := c.Get(ctx, "abandoned"); err != nil || g.Found {
+		t.Fatalf("the abandoned SET was executed after the reconnect: %+v %v", g, err)
+	}
+	if g, err := c.Get(ctx, "awaited"); err != nil || !g.Found {
+		t.Fatalf("the awaited SET: %+v %v", g, err)
+	}
+}
+
+// TestConnBoundRequests: a request through a Conn goes out on that
+// connection or not at all. One in flight when it is lost fails with
+// ErrConnectionLost and is not sent again; one made after fails with
+// ErrNotSent at once; neither is executed.
+func TestConnBoundRequests(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	p := startProxy(t, srv, faultproxy.Options{})
+	c := dial(t, srv, viaProxy(p), slowReconnect)
+	ctx := testCtx(t)
+	cn, err := c.Connection(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cn.Set(ctx, "k", []byte("v1"), sskv.SetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	inFlight := make(chan error, 1)
+	swallow(t, p, c, func() {
+		go func() {
+			_, err := cn.Set(ctx, "k", []byte("v2"), sskv.SetOptions{})
+			inFlight <- err
+		}()
+		eventually(t, "the bound SET to be in flight", func() bool { return sskv.PendingForTest(c) == 1 })
+	})
+	select {
+	case <-cn.Done():
+	case <-ctx.Done():
+		t.Fatal("Conn.Done not closed after the connection was cut")
+	}
+	if _, err := cn.Get(ctx, "k"); !errors.Is(err, sskv.ErrNotSent) {
+		t.Fatalf("Get through a lost Conn: %v, want ErrNotSent", err)
+	}
+	if err := <-inFlight; !errors.Is(err, sskv.ErrConnectionLost) {
+		t.Fatalf("a bound SET in flight across a reconnect: %v, want ErrConnectionLost", err)
+	}
+	reconnected(t, c)
+	if g, err := c.Get(ctx, "k"); err != nil || string(g.Value) != "v1" {
+		t.Fatalf("key after the reconnect: %q %v, want v1 (the bound SET must not be resent)", g.Value, err)
+	}
+	next, err := c.Connection(ctx)
+	if err != nil || next == cn || next.Number() <= cn.Number() {
+		t.Fatalf("Connection after a reconnect: %v %v", next, err)
+	}
+	if _, err := next.Set(ctx, "k", []byte("v3"), sskv.SetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestAbandonedWatchNotRegistered: a Watch given up while its KEYNOTIFY was
+// stuck and the client disconnected leaves no watch on the store once the
+// client is back (the resumed session used to register it again, and the
+// store then notified a client that had no Watcher).
+func TestAbandonedWatchNotRegistered(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	p := startProxy(t, srv, faultproxy.Options{})
+	c := dial(t, srv, viaProxy(p), slowReconnect)
+	ctx := testCtx(t)
+	reconnected(t, c)
+
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	swallow(t, p, c, func() {
+		go func() {
+			_, err := c.Watch(wctx, "k")
+			done <- err
+		}()
+		eventually(t, "the KEYNOTIFY to be in flight", func() bool { return sskv.PendingForTest(c) == 1 })
+	})
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Watch: %v, want context.Canceled", err)
+	}
+	reconnected(t, c)
+	if srv.Watching(c.ID(), "k") {
+		t.Fatal("the store watches k for the client after it gave the watch up")
+	}
+}
+
+// TestStopDuringResync: a Watcher stopped while its registration is being
+// restored after a reconnect leaves no watch on the store, whichever of the
+// resync's KEYNOTIFY and the Stop's KEYNOTIFY STOP is sent first.
+func TestStopDuringResync(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	c := dial(t, srv)
+	ctx := testCtx(t)
+	w, err := c.Watch(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inSync := make(chan struct{}, 1)
+	resume := make(chan struct{})
+	sskv.SetSyncHookForTest(c, func(string) {
+		inSync <- struct{}{}
+		<-resume
+	})
+	if err := srv.Kick(c.ID()); err != nil {
+		t.Fatal(err)
+	}
+	<-inSync // the resync found the watch live and is about to register it
+	stopped := make(chan struct{})
+	go func() {
+		w.Stop()
+		close(stopped)
+	}()
+	eventually(t, "Stop to end the registration", func() bool { return !sskv.RegisteredForTest(c, "k") })
+	close(resume)
+	<-stopped
+	reconnected(t, c)
+	if srv.Watching(c.ID(), "k") {
+		t.Fatal("the store watches k after the Watcher was stopped")
+	}
+}
+
+// TestSyncMissRacesNotification: the GET that learns a watched key's state
+// answers "not found" late, after the notification of a SET made once the
+// GET had run. The watch must not take the late "not found" for the latest
+// state: it would then drop the key's next deletion as a no-op.
+func TestSyncMissRacesNotification(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	c := dial(t, srv)
+	other := dial(t, srv)
+	ctx := testCtx(t)
+	reconnected(t, c)
+	base := srv.Requests(c.ID())
+	srv.SetResponseFault(c.ID(), localstore.ResponseFault{Delay: 400 * time.Millisecond})
+
+	watched := make(chan *sskv.Watcher, 1)
+	go func() {
+		w, err := c.Watch(ctx, "k")
+		if err != nil {
+			t.Error(err)
+		}
+		watched <- w
+	}()
+	// KEYNOTIFY, then GET: once the store has run the GET, set the key. Its
+	// notification arrives at once; the GET's answer 400 ms later.
+	eventually(t, "the sync's GET to run", func() bool { return srv.Requests(c.ID()) == base+2 })
+	if _, err := other.Set(ctx, "k", []byte("v1"), sskv.SetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w := <-watched
+	if w == nil {
+		t.FailNow()
+	}
+	defer w.Stop()
+	srv.SetResponseFault(c.ID(), localstore.ResponseFault{})
+	d, err := other.Del(ctx, "k", sskv.DelOptions{})
+	if err != nil || !d.Deleted {
+		t.Fatalf("Del: %+v %v", d, err)
+	}
+	if ev := nextEvent(t, w); ev.Op != sskv.OpDelete {
+		t.Fatalf("event %+v, want the deletion of k", ev)
+	}
+}
+
+// TestNoRepeatedResync: a watcher that overflowed gets its Resync while the
+// client is restoring the watch after a reconnect; when the restore ends
+// with the same state, the watcher is not told it a second time.
+func TestNoRepeatedResync(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	c := dial(t, srv, func(cfg *sskv.Config) { cfg.WatchBuffer = 1 })
+	other := dial(t, srv)
+	ctx := testCtx(t)
+	w, err := c.Watch(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	var last sskv.SetResult
+	for _, v := range []string{"v1", "v2", "v3"} { // w reads nothing: v2 and v3 overflow
+		if last, err = other.Set(ctx, "k", []byte(v), sskv.SetOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "the client to learn v3", func() bool { v, _ := sskv.KnownForTest(c, "k"); return v == last.Version })
+
+	// Reconnect with slow answers, and change the key while the watch is
+	// being restored: the client learns v4 from its notification.
+	srv.SetResponseFault(c.ID(), localstore.ResponseFault{Delay: 400 * time.Millisecond})
+	if err := srv.Kick(c.ID()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the watch to be registered again", func() bool { return srv.Watching(c.ID(), "k") })
+	v4, err := other.Set(ctx, "k", []byte("v4"), sskv.SetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the client to learn v4", func() bool { v, _ := sskv.KnownForTest(c, "k"); return v == v4.Version })
+	ev := nextEvent(t, w)
+	for !ev.Resync && (string(ev.Value) == "v1" || string(ev.Value) == "v2") { // what the buffer held
+		ev = nextEvent(t, w)
+	}
+	if !ev.Resync || string(ev.Value) != "v4" {
+		t.Fatalf("event %+v, want Resync v4", ev)
+	}
+	eventually(t, "the restore to end", func() bool { _, resyncing := sskv.KnownForTest(c, "k"); return !resyncing })
+	srv.SetResponseFault(c.ID(), localstore.ResponseFault{})
+	if _, err := other.Set(ctx, "k", []byte("v5"), sskv.SetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if ev := nextEvent(t, w); ev.Resync || string(ev.Value) != "v5" {
+		t.Fatalf("event %+v, want v5 (the Resync to v4 was delivered already)", ev)
+	}
+}
