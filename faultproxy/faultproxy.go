@@ -34,10 +34,11 @@ type Proxy struct {
 	target string
 	opts   Options
 
-	mu     sync.Mutex
-	links  map[*link]struct{}
-	closed bool
-	wg     sync.WaitGroup
+	mu          sync.Mutex
+	links       map[*link]struct{}
+	closed      bool
+	partitioned bool // new connections are closed at once (Partition)
+	wg          sync.WaitGroup
 
 	accepted atomic.Int64
 	delay    atomic.Pointer[delayState]
@@ -117,13 +118,25 @@ func (p *Proxy) SetDelay(d time.Duration) {
 	close(old.changed)
 }
 
-// Heal resumes every frozen connection.
+// Heal resumes every frozen connection, and ends a partition.
 func (p *Proxy) Heal() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.partitioned = false
 	for l := range p.links {
 		l.resume()
 	}
+}
+
+// Partition cuts every connection open now, as Cut does, and until
+// [Proxy.Heal] closes each new connection as soon as it is accepted: the
+// client finds the target unreachable and keeps trying to reconnect, as
+// when its network or the target is down.
+func (p *Proxy) Partition() {
+	p.mu.Lock()
+	p.partitioned = true
+	p.mu.Unlock()
+	p.Cut()
 }
 
 // Cut closes every connection open now, both sides. The proxy goes on
@@ -183,7 +196,7 @@ func (p *Proxy) serve(c net.Conn) {
 	defer cancelDial()
 	l := &link{p: p, client: c, hold: hold, done: make(chan struct{}), cancelDial: cancelDial}
 	p.mu.Lock()
-	if p.closed {
+	if p.closed || p.partitioned {
 		p.mu.Unlock()
 		_ = c.Close()
 		return

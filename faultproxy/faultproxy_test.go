@@ -174,6 +174,27 @@ func TestCut(t *testing.T) {
 	roundTrip(t, connect(t, p), "again")
 }
 
+// TestPartition: Partition ends the connections open now and every new one
+// until Heal.
+func TestPartition(t *testing.T) {
+	p := start(t, faultproxy.Options{})
+	c := connect(t, p)
+	roundTrip(t, c, "x")
+	p.Partition()
+	closed := func(c net.Conn) {
+		t.Helper()
+		_ = c.SetReadDeadline(time.Now().Add(waitTimeout))
+		var one [1]byte
+		if _, err := c.Read(one[:]); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("read during the partition: %v, want the connection closed", err)
+		}
+	}
+	closed(c)
+	closed(connect(t, p))
+	p.Heal()
+	roundTrip(t, connect(t, p), "again")
+}
+
 // TestClientCloseObserved: the proxy notices a client that closes its side,
 // also while the connection is frozen.
 func TestClientCloseObserved(t *testing.T) {

@@ -9,11 +9,26 @@ import (
 	"github.com/dsslock/dsslock/sskv"
 )
 
-// ErrStale is wrapped by the error of a write that a newer fencing token
-// made impossible: the store refused it because a newer token protects the
-// key, or the Writer did not send it because its source no longer holds its
-// lock. Either way the source is no longer the current holder.
-var ErrStale = errors.New("fenced: stale fencing token")
+// Errors of package fenced.
+var (
+	// ErrStale is wrapped by the error of a write that a newer fencing
+	// token made impossible: the store refused it because a newer token
+	// protects the key, or the Writer did not send it because its source no
+	// longer holds its lock (or, for Edit, holds it under another token
+	// than the one the read was made under). Either way the write's token
+	// is not the current holder's.
+	ErrStale = errors.New("fenced: stale fencing token")
+
+	// ErrNoToken is wrapped by the error of a write the Writer did not
+	// send because its source gave a zero token without an error: a write
+	// without a token would not be fenced at all.
+	ErrNoToken = errors.New("fenced: the token source gave no token")
+
+	// ErrConflict is wrapped by the error of an Edit whose key was created
+	// between its read, which found no key, and its write: the write was
+	// not applied.
+	ErrConflict = errors.New("fenced: the key changed between Edit's read and its write")
+)
 
 // TokenSource has the fencing token of a holding: a *lock.Lock, or a leader
 // term. A Writer calls FencingToken before every write, and Fenced when the
@@ -22,9 +37,10 @@ type TokenSource interface {
 	// FencingToken returns the token to write with, or an error if the
 	// source no longer holds its lock.
 	FencingToken() (hlc.Timestamp, error)
-	// Fenced tells the source that a write with its token was refused
-	// because a newer token protects a key: it is no longer the holder.
-	Fenced(err error)
+	// Fenced tells the source that a write with token was refused because
+	// a newer token protects a key: the holding of that token is over (a
+	// later holding of the same source is not).
+	Fenced(token hlc.Timestamp, err error)
 }
 
 // Writer writes keys through an sskv client, fenced with the token of its
@@ -39,20 +55,24 @@ func New(c *sskv.Client, src TokenSource) *Writer {
 	return &Writer{c: c, src: src}
 }
 
-// token returns the source's token, or an error wrapping ErrStale.
+// token returns the source's token, or an error wrapping ErrStale (or
+// ErrNoToken).
 func (w *Writer) token(op, key string) (hlc.Timestamp, error) {
 	t, err := w.src.FencingToken()
 	if err != nil {
 		return hlc.Timestamp{}, &staleError{op: op, key: key, cause: err}
 	}
+	if t.IsZero() {
+		return hlc.Timestamp{}, fmt.Errorf("fenced: %s %q: %w", op, key, ErrNoToken)
+	}
 	return t, nil
 }
 
 // refused wraps err for op on key, and tells the source when the store
-// refused the write for an older token.
-func (w *Writer) refused(op, key string, err error) error {
+// refused the write of token t for an older token.
+func (w *Writer) refused(op, key string, t hlc.Timestamp, err error) error {
 	if errors.Is(err, sskv.ErrFencingTokenLower) {
-		w.src.Fenced(err)
+		w.src.Fenced(t, err)
 		return &staleError{op: op, key: key, cause: err}
 	}
 	return fmt.Errorf("fenced: %s %q: %w", op, key, err)
@@ -65,10 +85,14 @@ func (w *Writer) Set(ctx context.Context, key string, value []byte, opts sskv.Se
 	if err != nil {
 		return sskv.SetResult{}, err
 	}
+	return w.set(ctx, "set", key, value, opts, t)
+}
+
+func (w *Writer) set(ctx context.Context, op, key string, value []byte, opts sskv.SetOptions, t hlc.Timestamp) (sskv.SetResult, error) {
 	opts.FencingToken = t
 	res, err := w.c.Set(ctx, key, value, opts)
 	if err != nil {
-		return res, w.refused("set", key, err)
+		return res, w.refused(op, key, t, err)
 	}
 	return res, nil
 }
@@ -81,7 +105,7 @@ func (w *Writer) Del(ctx context.Context, key string) (sskv.DelResult, error) {
 	}
 	res, err := w.c.Del(ctx, key, sskv.DelOptions{FencingToken: t})
 	if err != nil {
-		return res, w.refused("del", key, err)
+		return res, w.refused("del", key, t, err)
 	}
 	return res, nil
 }
@@ -94,19 +118,31 @@ func (w *Writer) VDel(ctx context.Context, key string, value []byte) (sskv.DelRe
 	}
 	res, err := w.c.VDel(ctx, key, value, sskv.DelOptions{FencingToken: t})
 	if err != nil {
-		return res, w.refused("vdel", key, err)
+		return res, w.refused("vdel", key, t, err)
 	}
 	return res, nil
 }
 
 // Edit reads key, calls change with its value (nil and found false when it
-// does not exist) and writes back what change returns, fenced. If change
-// returns an error, nothing is written and Edit returns that error. If a
-// newer holder writes the key between the read and the write back, the
-// write back is refused with ErrStale, so no newer holder's write is ever
-// lost; concurrent Edits of the same holder are not ordered.
+// does not exist) and writes back what change returns, fenced with the
+// token the read was made under. If change returns an error, nothing is
+// written and Edit returns that error.
+//
+// If a newer holder writes the key between the read and the write back,
+// the write back is refused with ErrStale; if the source's holding ends
+// meanwhile (even if the source then holds its lock again, under a newer
+// token), the write back is not sent, with ErrStale. If the read found no
+// key, the write back creates it only if it is still missing (NX), and
+// fails with ErrConflict otherwise. What fencing cannot protect: the store
+// keeps a key's token only as long as the key, so if a newer holder
+// deletes the key between the read and the write back, the write back
+// creates it again. A holder that must not lose a newer holder's deletion
+// marks the key deleted (a tombstone value written through the Writer)
+// instead of deleting it. Concurrent Edits of the same holder are not
+// ordered.
 func (w *Writer) Edit(ctx context.Context, key string, change func(value []byte, found bool) ([]byte, error)) (sskv.SetResult, error) {
-	if _, err := w.token("edit", key); err != nil {
+	t, err := w.token("edit", key)
+	if err != nil {
 		return sskv.SetResult{}, err
 	}
 	cur, err := w.c.Get(ctx, key)
@@ -117,7 +153,23 @@ func (w *Writer) Edit(ctx context.Context, key string, change func(value []byte,
 	if err != nil {
 		return sskv.SetResult{}, err
 	}
-	return w.Set(ctx, key, next, sskv.SetOptions{})
+	now, err := w.token("edit", key)
+	if err != nil {
+		return sskv.SetResult{}, err
+	}
+	if now != t {
+		return sskv.SetResult{}, &staleError{op: "edit", key: key,
+			cause: fmt.Errorf("the read was made under token %v, and the source holds %v now", t, now)}
+	}
+	var opts sskv.SetOptions
+	if !cur.Found {
+		opts.Condition = sskv.IfNotExists
+	}
+	res, err := w.set(ctx, "edit", key, next, opts, t)
+	if err == nil && !res.Applied {
+		return res, fmt.Errorf("fenced: edit %q: %w (created at version %v)", key, ErrConflict, res.Version)
+	}
+	return res, err
 }
 
 // staleError is a write made impossible by a newer token: it wraps ErrStale

@@ -58,7 +58,7 @@ type staleSource struct {
 }
 
 func (s *staleSource) FencingToken() (hlc.Timestamp, error) { return s.token, nil }
-func (s *staleSource) Fenced(err error)                     { s.fenced.Store(&err) }
+func (s *staleSource) Fenced(_ hlc.Timestamp, err error)    { s.fenced.Store(&err) }
 
 // The paused-holder case: A's renewals stop reaching the store (a frozen
 // connection; the store is untouched). A learns it lost the lock before its

@@ -615,7 +615,7 @@ func TestKeyDeletedEndsTerm(t *testing.T) {
 	case <-time.After(storetest.WaitTimeout):
 		t.Fatal("the term did not end when its key was deleted")
 	}
-	if !errors.Is(term.Err(), lock.ErrHeldByOther) {
-		t.Fatalf("Err after the key was deleted = %v; want ErrHeldByOther", term.Err())
+	if !errors.Is(term.Err(), lock.ErrKeyLost) {
+		t.Fatalf("Err after the key was deleted = %v; want ErrKeyLost", term.Err())
 	}
 }

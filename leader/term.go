@@ -107,7 +107,7 @@ func (t *Term) FencingToken() (hlc.Timestamp, error) { return t.l.FencingToken()
 // Fenced ends the term as lost (lock.ErrFenced): a write fenced with its
 // token was refused because a newer term has written the key. Package
 // fenced calls it.
-func (t *Term) Fenced(err error) { t.l.Fenced(err) }
+func (t *Term) Fenced(token hlc.Timestamp, err error) { t.l.Fenced(token, err) }
 
 // Proclaim changes the value the leader publishes without giving up
 // leadership: one SET of the election's key, fenced with the term's token,

@@ -77,6 +77,13 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// randomHex returns n random bytes in hex.
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
 func configErr(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrConfig}, args...)...)
 }
@@ -88,9 +95,7 @@ func (cfg Config) withDefaults(clientID string) (Config, error) {
 		return cfg, configErr("empty Name")
 	}
 	if cfg.HolderID == "" {
-		var b [8]byte
-		_, _ = rand.Read(b[:])
-		cfg.HolderID = clientID + "/" + hex.EncodeToString(b[:])
+		cfg.HolderID = clientID + "/" + randomHex(8)
 	}
 	if strings.ContainsAny(cfg.HolderID, "\n") {
 		return cfg, configErr("HolderID %q contains a newline", cfg.HolderID)
@@ -108,7 +113,7 @@ func (cfg Config) withDefaults(clientID string) (Config, error) {
 		cfg.RenewInterval = (cfg.TTL / 3).Truncate(time.Millisecond)
 	}
 	if cfg.RenewDeadline == 0 {
-		cfg.RenewDeadline = (cfg.TTL * 2 / 3).Truncate(time.Millisecond)
+		cfg.RenewDeadline = (cfg.TTL - cfg.TTL/3).Truncate(time.Millisecond) // 2/3 TTL, without overflow
 	}
 	for _, d := range []struct {
 		name string

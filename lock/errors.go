@@ -7,7 +7,8 @@ import "errors"
 var (
 	// ErrLost is wrapped by [Lock.Err] when the lock was lost: the holder can
 	// no longer be sure that it holds the key. The error also wraps the
-	// reason: ErrRenewDeadline, ErrHeldByOther, ErrFenced or ErrClosed.
+	// reason: ErrRenewDeadline, ErrHeldByOther, ErrKeyLost, ErrFenced or
+	// ErrClosed.
 	ErrLost = errors.New("lock: lost")
 
 	// ErrRenewDeadline: no renewal succeeded within Config.RenewDeadline of
@@ -16,9 +17,22 @@ var (
 	// renewal error, if any.
 	ErrRenewDeadline = errors.New("lock: renew deadline passed")
 
-	// ErrHeldByOther: a renewal found the key held by another holder (the
-	// lease expired and someone else took it).
+	// ErrHeldByOther: the key holds another holder's record, or a newer
+	// token fences it: the lease expired (or the key vanished) and someone
+	// else took it. Found by a renewal, by the holder's watch of its key
+	// (Config.FenceKey), or by the read that confirms the key after a
+	// reconnect.
 	ErrHeldByOther = errors.New("lock: held by another holder")
+
+	// ErrKeyLost: the key vanished, or changed, behind the holder's back,
+	// so that the holding cannot be sure it was continuous: it was deleted
+	// (by hand, or lost in a store restart), or it holds this holder's
+	// record at a version this holder never wrote (a late request of its
+	// own re-created it, possibly after another holder came and went; the
+	// holder deletes that record). Found by the holder's watch of its key
+	// (Config.FenceKey), or by the read that confirms the key after a
+	// reconnect, before anything more is written.
+	ErrKeyLost = errors.New("lock: the key changed behind the holder's back")
 
 	// ErrFenced: a write fenced with the lock's token was refused because a
 	// newer token protects the key: another holder has taken over (reported

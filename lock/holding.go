@@ -24,8 +24,9 @@ type holding struct {
 	loop   chan struct{} // closed when the renew loop has returned; nil if there is none
 	timer  *time.Timer   // loses the holding at expires
 
-	writeMu sync.Mutex // one renewal or SetValue at a time
-	watch   *waitWatch // the waiter's watch, for the guard to go on with; may be nil
+	writeMu sync.Mutex    // one write (renewal, SetValue) or confirmation at a time
+	watch   *waitWatch    // the waiter's watch, for the guard to go on with; may be nil
+	poke    chan struct{} // capacity 1: the guard asks the renew loop to confirm the key now
 
 	mu      sync.Mutex
 	ended   bool
@@ -33,6 +34,14 @@ type holding struct {
 	lastErr error     // of the renewals since the last successful one
 	rec     []byte    // the key's value while this holding lasts
 	rewrite bool      // rec changed (SetValue) and may not be in the key yet
+	// Continuity: the holding's writes go out only on conn, the connection
+	// on which the key was last seen at version, the version of the
+	// holding's last write. After a reconnect (conn is done), or when the
+	// guard's watch lost track of the key (recheck), a read must find the
+	// key still at version before anything more is written: see confirm.
+	conn    *sskv.Conn
+	version hlc.Timestamp
+	recheck bool
 }
 
 // endedHolding is the holding of a Lock that holds nothing yet: ended, with
@@ -44,8 +53,9 @@ func endedHolding(cause error) *holding {
 }
 
 // newHolding starts the holding of token, acquired by a SET sent at sent
-// that wrote rec. The caller starts its renew loop.
-func newHolding(l *Lock, token hlc.Timestamp, rec []byte, sent time.Time) *holding {
+// through conn, whose last write left rec in the key at version. The caller
+// starts its renew loop.
+func newHolding(l *Lock, token hlc.Timestamp, rec []byte, sent time.Time, conn *sskv.Conn, version hlc.Timestamp) *holding {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	h := &holding{
 		l:       l,
@@ -54,8 +64,11 @@ func newHolding(l *Lock, token hlc.Timestamp, rec []byte, sent time.Time) *holdi
 		cancel:  cancel,
 		stop:    make(chan struct{}),
 		loop:    make(chan struct{}),
+		poke:    make(chan struct{}, 1),
 		expires: sent.Add(l.cfg.RenewDeadline),
 		rec:     rec,
+		conn:    conn,
+		version: version,
 	}
 	h.timer = time.AfterFunc(time.Until(h.expires), h.deadline)
 	return h
@@ -176,10 +189,12 @@ var errEnded = errors.New("lock: holding ended")
 
 // write sends one renewal of the holding with rec as the key's value: SET
 // NEX PX, fenced with the token under FenceKey; or, when rec is new
-// (SetValue), an unconditional SET fenced with the token. It reports when it
-// was sent. It returns nil when the lease was renewed, errEnded when the
-// holding ended (now or before), and otherwise the request's error: the
-// outcome is unknown, and the next write, of the same rec, settles it.
+// (SetValue), an unconditional SET fenced with the token. After a reconnect
+// it first confirms that the key is still as the holding left it (confirm).
+// It reports when the write was sent (zero if it was not). It returns nil
+// when the lease was renewed, errEnded when the holding ended (now or
+// before), and otherwise the request's error: the outcome is unknown, and
+// the next write, of the same rec, settles it.
 func (h *holding) write(ctx context.Context, rec []byte) (time.Time, error) {
 	l := h.l
 	h.writeMu.Lock()
@@ -199,6 +214,14 @@ func (h *holding) write(ctx context.Context, rec []byte) (time.Time, error) {
 	defer cancel()
 	stop := context.AfterFunc(h.ctx, cancel)
 	defer stop()
+	conn, err := h.confirm(ctx)
+	if err != nil {
+		if h.ctx.Err() != nil {
+			return time.Time{}, errEnded
+		}
+		h.failed(err)
+		return time.Time{}, err
+	}
 	opts := sskv.SetOptions{Condition: sskv.IfEqualOrNotExists, Expiry: l.cfg.TTL}
 	if l.cfg.FenceKey {
 		opts.FencingToken = h.token
@@ -207,11 +230,12 @@ func (h *holding) write(ctx context.Context, rec []byte) (time.Time, error) {
 		}
 	}
 	sent := time.Now()
-	res, err := l.c.Set(ctx, l.cfg.Name, rec, opts)
+	res, err := conn.Set(ctx, l.cfg.Name, rec, opts)
 	switch {
 	case err == nil && res.Applied:
 		h.mu.Lock()
 		h.rewrite = false
+		h.version = res.Version
 		h.mu.Unlock()
 		if !h.renewed(sent) {
 			return sent, errEnded
@@ -220,24 +244,102 @@ func (h *holding) write(ctx context.Context, rec []byte) (time.Time, error) {
 	case err == nil:
 		h.lose(fmt.Errorf("%w (key version %v)", ErrHeldByOther, res.Version))
 		return sent, errEnded
-	case errors.Is(err, sskv.ErrFencingTokenLower):
-		h.lose(fmt.Errorf("%w (a newer token fences the key)", ErrHeldByOther))
-		return sent, errEnded
+	case errors.Is(err, sskv.ErrNotSent):
+		sent = time.Time{} // its connection was lost first: the next write confirms on the next one
 	case errors.Is(err, sskv.ErrClosed):
 		h.lose(fmt.Errorf("%w: %w", ErrClosed, err))
 		return sent, errEnded
-	case h.ctx.Err() != nil: // ended while writing
+	case errors.Is(err, sskv.ErrFencingTokenLower):
+		h.lose(fmt.Errorf("%w (a newer token fences the key)", ErrHeldByOther))
 		return sent, errEnded
 	}
-	h.mu.Lock()
-	h.lastErr = err
-	h.mu.Unlock()
+	if h.ctx.Err() != nil { // ended while writing
+		return sent, errEnded
+	}
+	h.failed(err)
 	return sent, err
+}
+
+// failed records the error of a write that failed. A write cut short by the
+// renew deadline itself does not replace an earlier, more telling error:
+// the deadline is reported anyway.
+func (h *holding) failed(err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.lastErr == nil || !errors.Is(err, context.DeadlineExceeded) {
+		h.lastErr = err
+	}
+}
+
+// confirm returns the connection the holding may write through. That is the
+// one on which it last saw its key, unless that connection was lost or the
+// guard's watch lost track of the key: then it reads the key, on the
+// client's current connection, and goes on only if the key still holds the
+// version of the holding's last write. Whatever may have happened in
+// between (the key deleted by hand, lost in a store restart, taken and
+// released by another holder, re-created by a late request of this one) has
+// changed the version or removed the key, and ends the holding as lost: the
+// store may have let another holder in meanwhile. A record of this holding's
+// that a late request of its own wrote is deleted (VDEL). It returns
+// errEnded when the holding ended, and the request's error when the read
+// failed: the next write tries again.
+func (h *holding) confirm(ctx context.Context) (*sskv.Conn, error) {
+	l := h.l
+	h.mu.Lock()
+	conn, recheck, version := h.conn, h.recheck, h.version
+	h.mu.Unlock()
+	select {
+	case <-conn.Done():
+	default:
+		if !recheck {
+			return conn, nil
+		}
+	}
+	next, err := l.c.Connection(ctx)
+	if err != nil {
+		return nil, err
+	}
+	res, err := next.Get(ctx, l.cfg.Name)
+	if err != nil {
+		return nil, err
+	}
+	if h.ctx.Err() != nil {
+		return nil, errEnded
+	}
+	switch {
+	case !res.Found:
+		h.lose(fmt.Errorf("%w: it was deleted while this holder could not see it (by hand, by expiry, or lost in a store restart)", ErrKeyLost))
+		return nil, errEnded
+	case res.Version != version:
+		holder := ParseHolder(res.Value, res.Version)
+		if holder.ID != l.cfg.HolderID {
+			h.lose(fmt.Errorf("%w (found %q at version %v after a reconnect)", ErrHeldByOther, holder.ID, res.Version))
+			return nil, errEnded
+		}
+		// This holder's record, written after its last known write: a
+		// request of its own that arrived late, possibly after the key had
+		// vanished and another holder had come and gone. Take it back.
+		var opts sskv.DelOptions
+		if l.cfg.FenceKey {
+			opts.FencingToken = h.token
+		}
+		if _, err := next.VDel(ctx, l.cfg.Name, res.Value, opts); err != nil {
+			l.log.Debug("could not delete a late record of this holding; it expires after the TTL", "error", err)
+		}
+		h.lose(fmt.Errorf("%w: found at version %v, written by a late request of this holder, after its last known write %v", ErrKeyLost, res.Version, version))
+		return nil, errEnded
+	}
+	h.mu.Lock()
+	h.conn, h.recheck = next, false
+	h.mu.Unlock()
+	return next, nil
 }
 
 // renewLoop renews the lease every RenewInterval, and sooner after a
 // failure, until the holding ends. Each renewal is bounded by the renew
-// deadline, so it never outlasts the holding.
+// deadline, so it never outlasts the holding. When the connection is lost,
+// or the guard asks for it, it renews as soon as it can, which confirms the
+// key first (see confirm).
 func (h *holding) renewLoop() {
 	defer close(h.loop)
 	l := h.l
@@ -257,7 +359,14 @@ func (h *holding) renewLoop() {
 	h.mu.Unlock()
 	next := time.NewTimer(first)
 	defer next.Stop()
+	backingOff := false // a failed write waits for next, not for a lost connection
 	for {
+		var lost <-chan struct{}
+		if !backingOff {
+			h.mu.Lock()
+			lost = h.conn.Done()
+			h.mu.Unlock()
+		}
 		select {
 		case <-h.stop:
 			return
@@ -265,25 +374,40 @@ func (h *holding) renewLoop() {
 			h.lose(fmt.Errorf("%w: %w", ErrClosed, sskv.ErrClosed))
 			return
 		case <-next.C:
+		case <-lost:
+		case <-h.poke:
+			if errors.Is(h.recheckNow(), errEnded) {
+				return
+			}
+			continue
 		}
 		sent, err := h.write(h.ctx, nil)
-		if l.cfg.OnRenewal != nil && !sent.IsZero() {
+		if f := l.cfg.OnRenewal; f != nil && !sent.IsZero() {
 			rerr := err
 			if errors.Is(err, errEnded) {
 				rerr = h.err()
 			}
-			l.cfg.OnRenewal(time.Since(sent), rerr)
+			latency := time.Since(sent)
+			l.calls.do(func() { f(latency, rerr) })
 		}
 		switch {
 		case err == nil:
 			retry.Reset()
+			backingOff = false
 			next.Reset(l.cfg.RenewInterval - time.Since(sent))
 		case errors.Is(err, errEnded):
 			return
+		case errors.Is(err, sskv.ErrNotSent), errors.Is(err, sskv.ErrConnectionLost):
+			// The connection was lost: renew once the next one is up,
+			// which confirm waits for.
+			l.log.Debug("renewal failed with the connection; renewing on the next one", "error", err)
+			backingOff = false
+			next.Reset(0)
 		default:
 			// The outcome is unknown; the next renewal, with the same value,
 			// is harmless whether or not this one was applied.
 			l.log.Debug("renewal failed; retrying", "error", err)
+			backingOff = true
 			next.Reset(retry.NextBackOff())
 		}
 	}
@@ -293,7 +417,9 @@ func (h *holding) renewLoop() {
 // holding as soon as the key is deleted (by someone else, or lost by a
 // store) or taken by another holder. A renewal could not tell: its SET NEX
 // would simply create the key again, after another holder may have held
-// it in between. It closes done when it returns, after the holding ended.
+// it in between. When the watch reports that it lost track of the key (a
+// Resync), the guard has the renew loop confirm the key at once. It closes
+// done when it returns, after the holding ended.
 func (h *holding) guard(done chan<- struct{}) {
 	defer close(done)
 	l := h.l
@@ -317,28 +443,78 @@ func (h *holding) guard(done chan<- struct{}) {
 		// end of the holding (Unlock, Resign) with it: up to the client's
 		// RequestTimeout when that answer is lost.
 		// The watch reports changes after it was set up; one made while it
-		// was, shows in a read.
-		if res, err := l.c.Get(h.ctx, l.cfg.Name); err == nil && ParseHolder(res.Value, res.Version).ID != l.cfg.HolderID {
-			h.lose(fmt.Errorf("%w (the key was deleted or taken)", ErrHeldByOther))
-		}
+		// was, shows in a confirmation.
+		h.askConfirm()
 	}
 	for {
 		select {
 		case <-h.ctx.Done():
 			return
 		case ev, ok := <-w.Events():
-			switch {
-			case !ok:
+			if !ok {
 				<-h.ctx.Done()
 				return
-			case !ev.Version.IsZero() && ev.Version.Before(h.token):
-				// A change from before this holding, still queued on the
-				// waiter's watch: the previous holder's renewals and release.
-			case ev.Op == sskv.OpDelete:
-				h.lose(fmt.Errorf("%w (the key was deleted)", ErrHeldByOther))
-			case ParseHolder(ev.Value, ev.Version).ID != l.cfg.HolderID:
-				h.lose(fmt.Errorf("%w (key version %v)", ErrHeldByOther, ev.Version))
 			}
+			h.judge(ev)
 		}
+	}
+}
+
+// judge loses the holding if ev shows that its key is not its own any more.
+func (h *holding) judge(ev sskv.Event) {
+	l := h.l
+	h.mu.Lock()
+	version := h.version
+	h.mu.Unlock()
+	own := ev.Op == sskv.OpSet && ParseHolder(ev.Value, ev.Version).ID == l.cfg.HolderID
+	switch {
+	case ev.Resync && ev.Op == sskv.OpDelete:
+		h.lose(fmt.Errorf("%w: it was deleted while the holder's watch had lost track of it", ErrKeyLost))
+	case ev.Resync && !own:
+		h.lose(fmt.Errorf("%w (key version %v)", ErrHeldByOther, ev.Version))
+	case ev.Resync:
+		h.askConfirm() // its own record; but the holder may have missed changes
+	case ev.Version.Before(h.token):
+		// A change from before this holding, still queued on the waiter's
+		// watch: the previous holder's renewals and release.
+	case own:
+	case !ev.Version.After(version):
+		// A change this holding's own later write has overwritten: during
+		// an acquisition, between the SET that took the key and the one
+		// that fenced it.
+	case ev.Op == sskv.OpDelete:
+		h.lose(fmt.Errorf("%w: it was deleted", ErrKeyLost))
+	default:
+		h.lose(fmt.Errorf("%w (key version %v)", ErrHeldByOther, ev.Version))
+	}
+}
+
+// recheckNow confirms the key (see confirm) without writing. It returns
+// errEnded when the holding ended; another error leaves the confirmation to
+// the next write.
+func (h *holding) recheckNow() error {
+	h.writeMu.Lock()
+	defer h.writeMu.Unlock()
+	h.mu.Lock()
+	expires := h.expires
+	h.mu.Unlock()
+	ctx, cancel := context.WithDeadline(h.ctx, expires)
+	defer cancel()
+	_, err := h.confirm(ctx)
+	if h.ctx.Err() != nil {
+		return errEnded
+	}
+	return err
+}
+
+// askConfirm has the renew loop read the key now, and before its next
+// write (see confirm).
+func (h *holding) askConfirm() {
+	h.mu.Lock()
+	h.recheck = true
+	h.mu.Unlock()
+	select {
+	case h.poke <- struct{}{}:
+	default:
 	}
 }

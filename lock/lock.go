@@ -30,6 +30,12 @@ type Lock struct {
 	log *slog.Logger
 
 	turn chan struct{} // holds a token while an acquisition or release runs
+	// life ends (with cause ErrClosed) when Close starts: it ends a wait in
+	// progress, which holds the turn Close needs.
+	life  context.Context
+	kill  context.CancelCauseFunc
+	calls callbacks // runs OnRenewal off the renew loop
+	nonce string    // makes the record of an acquisition under way this Lock's own
 	// undo lists the deletes that give the key back after an acquisition
 	// whose outcome is unknown. Guarded by the turn.
 	undo []undoDel
@@ -60,12 +66,14 @@ func New(c *sskv.Client, cfg Config) (*Lock, error) {
 		return nil, err
 	}
 	l := &Lock{
-		c:    c,
-		cfg:  cfg,
-		log:  cfg.Logger.With("lock", cfg.Name, "holder", cfg.HolderID),
-		turn: make(chan struct{}, 1),
-		val:  bytes.Clone(cfg.Value),
+		c:     c,
+		cfg:   cfg,
+		log:   cfg.Logger.With("lock", cfg.Name, "holder", cfg.HolderID),
+		turn:  make(chan struct{}, 1),
+		val:   bytes.Clone(cfg.Value),
+		nonce: randomHex(8),
 	}
+	l.life, l.kill = context.WithCancelCause(context.Background())
 	l.cur = endedHolding(ErrNotHeld)
 	return l, nil
 }
@@ -88,17 +96,24 @@ func (l *Lock) Config() Config { return l.cfg }
 // returns by ctx's deadline), before its next acquisition or Close goes
 // ahead.
 func (l *Lock) TryLock(ctx context.Context) (bool, error) {
+	ctx, unbind := l.bind(ctx)
+	defer unbind()
 	if err := l.begin(ctx); err != nil {
 		return false, err
 	}
-	ok, err := l.attempt(ctx)
+	cn, err := l.c.Connection(ctx)
+	if err != nil {
+		l.end()
+		return false, l.wrap("", l.closedErr(ctx, err))
+	}
+	ok, err := l.attempt(ctx, cn)
 	switch {
 	case errors.Is(err, errAnsweredLate):
 		l.abandonThenEnd()
 		return false, nil
 	case err != nil:
 		l.abandonThenEnd()
-		return false, l.wrap("", err)
+		return false, l.wrap("", l.closedErr(ctx, err))
 	}
 	l.end()
 	return ok, nil
@@ -114,13 +129,27 @@ func (l *Lock) TryLock(ctx context.Context) (bool, error) {
 // reconnect, or if notifications were lost, it checks again at once, and as a
 // safeguard it checks after 10 TTLs without news.
 //
+// A waiter never takes a key that someone may still believe they hold.
+// When it has seen the key held and then finds it missing after its
+// connection was lost, or after its watch lost track of it (a Resync), the
+// key may have vanished with a store restart while its holder still counts
+// on it until its renew deadline: the waiter then waits a full TTL since its
+// reconnect (or the Resync), on its own clock, before it tries. So after a
+// store restart that lost the key, the lock is taken again about a TTL
+// later; a release or an expiry it sees (a DELETE notification) is taken at
+// once.
+//
 // If ctx ends first, Lock returns ctx's error (wrapped) and holds nothing:
 // if its last attempt had an unknown outcome, it deletes the key if it took
-// it, as TryLock does. A request the store refuses (a *sskv.ServiceError,
-// e.g. sskv.ErrTimestampSkew: this client's clock is more than a minute
-// ahead of the store's) ends Lock at once with that error: the same request
-// would be refused again. Timeouts and lost connections are retried.
+// it, as TryLock does. Close ends a wait in progress: Lock then returns an
+// error wrapping ErrClosed. A request the store refuses (a
+// *sskv.ServiceError, e.g. sskv.ErrTimestampSkew: this client's clock is
+// more than a minute ahead of the store's) ends Lock at once with that
+// error: the same request would be refused again. Timeouts and lost
+// connections are retried.
 func (l *Lock) Lock(ctx context.Context) error {
+	ctx, unbind := l.bind(ctx)
+	defer unbind()
 	if err := l.begin(ctx); err != nil {
 		return err
 	}
@@ -130,10 +159,29 @@ func (l *Lock) Lock(ctx context.Context) error {
 		} else {
 			l.end()
 		}
-		return l.wrap("", err)
+		return l.wrap("", l.closedErr(ctx, err))
 	}
 	l.end()
 	return nil
+}
+
+// bind returns ctx, also ended by Close (with cause ErrClosed), and the
+// function that releases it.
+func (l *Lock) bind(ctx context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(l.life, func() { cancel(ErrClosed) })
+	return ctx, func() {
+		stop()
+		cancel(nil)
+	}
+}
+
+// closedErr is ErrClosed in place of err when Close ended ctx.
+func (l *Lock) closedErr(ctx context.Context, err error) error {
+	if errors.Is(context.Cause(ctx), ErrClosed) && !errors.Is(err, ErrClosed) {
+		return fmt.Errorf("%w (%w)", ErrClosed, err)
+	}
+	return err
 }
 
 // Unlock releases the lock: it stops the renewals, ends the holding (Done
@@ -156,8 +204,10 @@ func (l *Lock) Unlock(ctx context.Context) error {
 }
 
 // Close releases the lock if it holds it (as Unlock, bounded by ctx) and
-// makes every later call fail with ErrClosed. It is idempotent.
+// makes every later call fail with ErrClosed. A Lock or TryLock in progress
+// ends at once, with an error wrapping ErrClosed. It is idempotent.
 func (l *Lock) Close(ctx context.Context) error {
+	l.kill(ErrClosed)
 	if err := l.begin(ctx); err != nil {
 		if errors.Is(err, ErrClosed) {
 			return nil
@@ -209,12 +259,15 @@ func (l *Lock) FencingToken() (hlc.Timestamp, error) {
 	return h.token, nil
 }
 
-// Fenced tells the Lock that a write fenced with its token was refused
-// because a newer token protects the key: someone else has taken over. The
-// holding ends at once as lost, with reason ErrFenced. Package fenced calls
-// it; err is the store's refusal.
-func (l *Lock) Fenced(err error) {
-	l.holding().lose(fmt.Errorf("%w: %w", ErrFenced, err))
+// Fenced tells the Lock that a write fenced with token was refused because
+// a newer token protects the key: someone else has taken over. If token is
+// that of the current holding, the holding ends at once as lost, with
+// reason ErrFenced; a refused write of an earlier holding changes nothing.
+// Package fenced calls it; err is the store's refusal.
+func (l *Lock) Fenced(token hlc.Timestamp, err error) {
+	if h := l.holding(); h.token == token {
+		h.lose(fmt.Errorf("%w: %w", ErrFenced, err))
+	}
 }
 
 // SetValue changes the value this Lock publishes in its key (Config.Value)
@@ -283,15 +336,16 @@ func (l *Lock) holding() *holding {
 	return l.cur
 }
 
-// attempt sends one acquisition and, when it applies, starts the holding. It
-// reports whether the Lock holds the key. The caller has the turn.
+// attempt sends one acquisition through cn and, when it applies, starts the
+// holding, whose writes go out on cn until a reconnect. It reports whether
+// the Lock holds the key. The caller has the turn.
 //
 // With FenceKey it takes two requests: the SET NEX PX that takes the key,
 // whose version is the token, then a SET fenced with the token that writes
 // it into the key. Until the second is applied, nobody holds the lock: the
 // first does not fence the key, so it cannot exclude a delayed request of
 // an earlier holding.
-func (l *Lock) attempt(ctx context.Context) (bool, error) {
+func (l *Lock) attempt(ctx context.Context, cn *sskv.Conn) (bool, error) {
 	if h := l.holding(); h.live() {
 		return false, ErrAlreadyHeld
 	}
@@ -306,7 +360,7 @@ func (l *Lock) attempt(ctx context.Context) (bool, error) {
 	// so waiting longer for it only delays the next attempt: a lost answer
 	// would otherwise hold this Lock for the client's RequestTimeout.
 	actx, cancel := context.WithDeadline(ctx, sent.Add(l.cfg.RenewDeadline))
-	res, err := l.c.Set(actx, l.cfg.Name, rec, sskv.SetOptions{
+	res, err := cn.Set(actx, l.cfg.Name, rec, sskv.SetOptions{
 		Condition: sskv.IfEqualOrNotExists,
 		Expiry:    l.cfg.TTL,
 	})
@@ -315,6 +369,9 @@ func (l *Lock) attempt(ctx context.Context) (bool, error) {
 		err = fmt.Errorf("%w: %w", errNoAnswer, err)
 	}
 	switch {
+	case errors.Is(err, sskv.ErrNotSent):
+		l.undo = nil // not sent, so not executed
+		return false, err
 	case errors.Is(err, sskv.ErrFencingTokenRequired):
 		l.undo = nil
 		return false, nil // a holder with FenceKey has the key
@@ -327,12 +384,12 @@ func (l *Lock) attempt(ctx context.Context) (bool, error) {
 		l.undo = nil
 		return false, nil
 	}
-	token := res.Version
+	token, version := res.Version, res.Version
 	if l.cfg.FenceKey {
 		rec = l.record(token, val)
 		l.undo = append(l.undo, undoDel{rec: rec, ft: token})
 		fctx, cancel := context.WithDeadline(ctx, sent.Add(l.cfg.RenewDeadline))
-		_, err := l.c.Set(fctx, l.cfg.Name, rec, sskv.SetOptions{
+		fres, err := cn.Set(fctx, l.cfg.Name, rec, sskv.SetOptions{
 			Expiry:       l.cfg.TTL,
 			FencingToken: token,
 		})
@@ -343,6 +400,7 @@ func (l *Lock) attempt(ctx context.Context) (bool, error) {
 			}
 			return false, err
 		}
+		version = fres.Version
 	}
 	if time.Since(sent) >= l.cfg.RenewDeadline {
 		// The answer came too late to promise anything: the holding would be
@@ -351,7 +409,7 @@ func (l *Lock) attempt(ctx context.Context) (bool, error) {
 		return false, errAnsweredLate
 	}
 	l.undo = nil
-	h := newHolding(l, token, rec, sent)
+	h := newHolding(l, token, rec, sent, cn, version)
 	if l.cfg.FenceKey && l.watch != nil {
 		if l.watch.detach() {
 			h.watch = l.watch // the guard goes on with the waiter's watch

@@ -459,7 +459,7 @@ func TestNoGoroutineAfterEnd(t *testing.T) {
 		case 1:
 			err = l.Close(testCtx(t))
 		case 2:
-			l.Fenced(sskv.ErrFencingTokenLower)
+			l.Fenced(l.Token(), sskv.ErrFencingTokenLower)
 			<-l.Done()
 			if !errors.Is(l.Err(), lock.ErrFenced) || !errors.Is(l.Err(), lock.ErrLost) {
 				t.Errorf("Err after Fenced = %v", l.Err())

@@ -32,9 +32,11 @@ func (h Holder) Held() bool { return h.ID != "" || !h.Version.IsZero() }
 //
 //	HolderID "\n" token "\n" Value
 //
-// with the token empty in the SET that takes the key (the store gives the
-// token in its answer) and written by the next one. Any other value is a
-// HolderID alone. A nil value is a free lock.
+// with the token written by the second SET of an acquisition: the SET that
+// takes the key (the store gives the token in its answer) writes "~" and a
+// nonce of the Lock's in its place, so that no two Locks' acquisitions
+// under way ever write the same record, even with the same HolderID. Any
+// other value is a HolderID alone. A nil value is a free lock.
 func ParseHolder(value []byte, version hlc.Timestamp) Holder {
 	if value == nil {
 		return Holder{}
@@ -48,7 +50,7 @@ func ParseHolder(value []byte, version hlc.Timestamp) Holder {
 		return Holder{ID: string(value), Version: version}
 	}
 	h := Holder{ID: string(id), Value: bytes.Clone(val), Version: version}
-	if len(tok) > 0 {
+	if len(tok) > 0 && tok[0] != '~' {
 		t, err := hlc.ParseBytes(tok)
 		if err != nil {
 			return Holder{ID: string(value), Version: version}
@@ -59,7 +61,8 @@ func ParseHolder(value []byte, version hlc.Timestamp) Holder {
 }
 
 // record is the key's value for a holding with token (zero in the SET that
-// takes the key) publishing value: the HolderID alone without FenceKey.
+// takes the key, whose record carries the Lock's nonce instead) publishing
+// value: the HolderID alone without FenceKey.
 func (l *Lock) record(token hlc.Timestamp, value []byte) []byte {
 	if !l.cfg.FenceKey {
 		return []byte(l.cfg.HolderID)
@@ -67,7 +70,10 @@ func (l *Lock) record(token hlc.Timestamp, value []byte) []byte {
 	b := make([]byte, 0, len(l.cfg.HolderID)+2+40+len(value))
 	b = append(b, l.cfg.HolderID...)
 	b = append(b, '\n')
-	if !token.IsZero() {
+	if token.IsZero() {
+		b = append(b, '~')
+		b = append(b, l.nonce...)
+	} else {
 		b, _ = token.AppendText(b)
 	}
 	b = append(b, '\n')

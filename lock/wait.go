@@ -3,6 +3,7 @@ package lock
 import (
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"time"
 
@@ -21,20 +22,46 @@ const recheckTTLs = 10
 
 func (l *Lock) recheckAfter() time.Duration {
 	half := max(l.cfg.TTL/2, time.Millisecond)
-	return recheckTTLs*l.cfg.TTL + half + rand.N(half)
+	return addSat(mulSat(l.cfg.TTL, recheckTTLs), half+rand.N(half))
+}
+
+// mulSat is d*n, or the longest Duration if that overflows.
+func mulSat(d time.Duration, n int64) time.Duration {
+	if d > math.MaxInt64/time.Duration(n) {
+		return math.MaxInt64
+	}
+	return d * time.Duration(n)
+}
+
+// addSat is a+b for positive durations, or the longest Duration if that
+// overflows.
+func addSat(a, b time.Duration) time.Duration {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 // wait acquires the lock, sleeping on the key's notifications while someone
 // else holds it. When it fails, unknown reports that its last attempt may
 // have taken the key, which the caller must then delete. The caller has the
 // turn.
+//
+// A waiter that has seen the key held does not take it, after a reconnect or
+// a Resync of its watch, before a TTL has passed since (see Lock.Lock): the
+// key may have vanished in a store restart while its holder still counts
+// on it until its renew deadline, which passes within a TTL of the restart
+// on the holder's clock.
 func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 	var (
-		w       *sskv.Watcher
-		wcancel context.CancelFunc = func() {}
-		woken   bool               // the pending check was woken by a deletion
-		lost    bool               // a check woken by a deletion lost the race to another waiter
-		delayed bool               // the delay timer wakes a deletion's check (not a retry)
+		w         *sskv.Watcher
+		wcancel   context.CancelFunc = func() {}
+		woken     bool               // the pending check was woken by a deletion
+		lost      bool               // a check woken by a deletion lost the race to another waiter
+		delayed   bool               // the delay timer wakes a deletion's check (not a retry)
+		seenHeld  bool               // an attempt or the watch found the key held
+		lastConn  uint64             // the connection of the last attempt
+		holdUntil time.Time          // no attempt before: the key may be held in someone's belief
 	)
 	// On return the watch ends at once (the client unregisters it in the
 	// background, so Lock does not wait for that round trip), unless the
@@ -53,6 +80,14 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 	defer delay.Stop()
 	recheck := time.NewTimer(l.recheckAfter())
 	defer recheck.Stop()
+	hold := time.NewTimer(time.Hour)
+	hold.Stop()
+	defer hold.Stop()
+	holdOff := func(from time.Time) {
+		if until := from.Add(l.cfg.TTL); until.After(holdUntil) {
+			holdUntil = until
+		}
+	}
 
 	giveUp := func(err error) (bool, error) { return unknown, err }
 	retryLater := func() {
@@ -63,8 +98,21 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 	for {
 		if check {
 			check = false
-			ok, err := l.attempt(ctx)
-			unknown = err != nil // a late answer too: the key is this Lock's
+			cn, err := l.c.Connection(ctx)
+			if err != nil {
+				return giveUp(err)
+			}
+			if seenHeld && cn.Number() != lastConn {
+				holdOff(cn.Since()) // reconnected since the key was seen held
+			}
+			lastConn = cn.Number()
+			if d := time.Until(holdUntil); d > 0 {
+				l.log.Debug("the key may still be held by a holder that lost it unseen; waiting", "for", d)
+				hold.Reset(d)
+				continue
+			}
+			ok, err := l.attempt(ctx, cn)
+			unknown = err != nil && !errors.Is(err, sskv.ErrNotSent) // a late answer too: the key is this Lock's
 			recheck.Reset(l.recheckAfter())
 			switch {
 			case ok:
@@ -82,6 +130,7 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 			default: // held by someone else
 				retry.Reset()
 				lost = lost || woken
+				seenHeld = true
 			}
 			woken = false
 			if err == nil && w == nil {
@@ -137,7 +186,11 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 			case ev.Op == sskv.OpDelete || ev.Resync:
 				// Released or expired (or changed while notifications were
 				// lost): try at once, or after a short random delay if this
-				// waiter lost the last race.
+				// waiter lost the last race. A key found missing after the
+				// watch lost track of it may have vanished unseen.
+				if ev.Resync && ev.Op == sskv.OpDelete && seenHeld {
+					holdOff(time.Now())
+				}
 				if lost {
 					delayed = true
 					delay.Reset(race.NextBackOff())
@@ -145,10 +198,14 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 					check, woken = true, true
 				}
 			}
-			// A SET is the holder renewing, or a new holder: keep sleeping.
+			if ev.Op == sskv.OpSet {
+				seenHeld = true // the holder renewing, or a new holder: keep sleeping
+			}
 		case <-delay.C:
 			check, woken = true, delayed
 		case <-recheck.C:
+			check = true
+		case <-hold.C:
 			check = true
 		}
 	}

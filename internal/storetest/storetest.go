@@ -43,6 +43,23 @@ func Start(t testing.TB) *localstore.Server {
 	return srv
 }
 
+// Restart closes srv and, after down, starts a new local state store on the
+// same address, closed when the test ends: as after a crash and restart of
+// the broker, every key, session and watch is gone, and every client
+// reconnects.
+func Restart(t testing.TB, srv *localstore.Server, down time.Duration) *localstore.Server {
+	t.Helper()
+	addr := srv.Addr()
+	_ = srv.Close()
+	time.Sleep(down) // the outage itself, not a wait for a signal
+	next, err := localstore.Start(localstore.Config{Addr: addr})
+	if err != nil {
+		t.Fatalf("restarting the store on %s: %v", addr, err)
+	}
+	t.Cleanup(func() { _ = next.Close() })
+	return next
+}
+
 // Ctx returns a context that ends after WaitTimeout, or when the test ends.
 func Ctx(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), WaitTimeout)

@@ -1,0 +1,358 @@
+package lock_test
+
+// A holding never outlives its key: the faults that happen between a
+// holder's requests (a store restart that loses every key, a key deleted
+// while the holder is away, a request of its own delivered late), and a
+// waiter that must not take a key someone may still believe they hold.
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dsslock/dsslock/faultproxy"
+	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/internal/storetest"
+	"github.com/dsslock/dsslock/lock"
+	"github.com/dsslock/dsslock/sskv"
+	"github.com/dsslock/dsslock/sskv/localstore"
+)
+
+var restartStore = storetest.Restart
+
+func startProxy(t *testing.T, target string) *faultproxy.Proxy {
+	t.Helper()
+	p, err := faultproxy.Start(target, faultproxy.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+// tokens records the fencing tokens a key's records carry, as an observer
+// watching the key sees them.
+type tokens struct {
+	mu   sync.Mutex
+	seen []hlc.Timestamp
+}
+
+func watchTokens(t *testing.T, c *sskv.Client, key string) *tokens {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	w, err := c.Watch(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk := &tokens{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ev := range w.Events() {
+			if h := lock.ParseHolder(ev.Value, ev.Version); !h.Token.IsZero() {
+				tk.mu.Lock()
+				tk.seen = append(tk.seen, h.Token)
+				tk.mu.Unlock()
+			}
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return tk
+}
+
+// forward fails the test if the tokens seen ever went backwards.
+func (tk *tokens) forward(t *testing.T) {
+	t.Helper()
+	tk.mu.Lock()
+	defer tk.mu.Unlock()
+	if !slices.IsSortedFunc(tk.seen, hlc.Timestamp.Compare) {
+		t.Errorf("an observer saw the tokens go backwards: %v", tk.seen)
+	}
+}
+
+// A FenceKey holder loses its connection and cannot reconnect for 2.5 s.
+// Meanwhile its key is deleted by hand, and another holder takes the lock
+// and releases it. The first holder reconnects within its renew deadline:
+// it must find its key gone and end its holding, not re-create the key and
+// go on with a token older than the term that came between.
+func TestKeyDeletedWhileHolderAway(t *testing.T) {
+	srv := startStore(t)
+	proxy := startProxy(t, srv.Addr())
+	ca := dial(t, proxy.Addr())
+	admin := dial(t, srv.Addr())
+	cfg := lock.Config{Name: "l", TTL: 6 * time.Second, FenceKey: true}
+	a := newLock(t, ca, cfg)
+	b := newLock(t, dial(t, srv.Addr()), cfg)
+	seen := watchTokens(t, admin, "l")
+	mustLock(t, a)
+
+	proxy.Partition()
+	away := time.Now()
+	if _, err := admin.Del(testCtx(t), "l", sskv.DelOptions{FencingToken: a.Token()}); err != nil {
+		t.Fatal(err)
+	}
+	mustLock(t, b)
+	if !b.Token().After(a.Token()) {
+		t.Fatalf("b's token %v is not after a's %v", b.Token(), a.Token())
+	}
+	if err := b.Unlock(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2500*time.Millisecond - time.Since(away)) // the outage
+	proxy.Heal()
+
+	waitDone(t, a)
+	if !errors.Is(a.Err(), lock.ErrKeyLost) {
+		t.Fatalf("a.Err = %v; want ErrKeyLost", a.Err())
+	}
+	if time.Since(away) >= cfg.TTL*2/3 {
+		t.Errorf("a found out %v after it lost its connection, past its renew deadline", time.Since(away))
+	}
+	if h := holder(t, b); h.Held() {
+		t.Fatalf("after a's loss the key holds %+v; want none (a must not re-create it)", h)
+	}
+	seen.forward(t)
+}
+
+// A store restart loses every key. A holder, FenceKey or not (without it
+// there is no watch of the key), finds out when it reconnects, before it
+// writes anything, and does not re-create the key.
+func TestStoreRestartEndsHolding(t *testing.T) {
+	for _, fence := range []bool{false, true} {
+		name := "plain"
+		if fence {
+			name = "FenceKey"
+		}
+		t.Run(name, func(t *testing.T) {
+			srv := startStore(t)
+			ca := dial(t, srv.Addr())
+			a := newLock(t, ca, lock.Config{Name: "l", TTL: 6 * time.Second, FenceKey: fence})
+			mustLock(t, a)
+			restarted := time.Now()
+			srv = restartStore(t, srv, 500*time.Millisecond)
+			waitDone(t, a)
+			if !errors.Is(a.Err(), lock.ErrKeyLost) {
+				t.Fatalf("a.Err = %v; want ErrKeyLost", a.Err())
+			}
+			t.Logf("the holding ended %v after the store went down", time.Since(restarted).Round(time.Millisecond))
+			if h := holder(t, newLock(t, dial(t, srv.Addr()), lock.Config{Name: "l"})); h.Held() {
+				t.Fatalf("the key holds %+v after the restart; want none", h)
+			}
+		})
+	}
+}
+
+// After a store restart, a waiter that had seen the lock held does not take
+// it until the former holder's renew deadline has surely passed: here the
+// holder cannot reach the restarted store, and still believes it holds the
+// lock until its renew deadline.
+func TestWaiterHoldsOffAfterStoreRestart(t *testing.T) {
+	srv := startStore(t)
+	proxy := startProxy(t, srv.Addr())
+	ttl := 2 * time.Second
+	a := newLock(t, dial(t, proxy.Addr()), lock.Config{Name: "l", TTL: ttl})
+	cb := dial(t, srv.Addr())
+	b := newLock(t, cb, lock.Config{Name: "l", TTL: ttl})
+	mustLock(t, a)
+	got := make(chan error, 1)
+	go func() { got <- b.Lock(testCtx(t)) }()
+	waitFor(t, "b to watch the key", func() bool { return srv.Watching(cb.ID(), "l") })
+
+	proxy.Partition() // a stays away from the restarted store
+	down := time.Now()
+	restartStore(t, srv, 100*time.Millisecond)
+	if err := <-got; err != nil {
+		t.Fatalf("b.Lock: %v", err)
+	}
+	took := time.Since(down)
+	select {
+	case <-a.Done():
+	default:
+		t.Fatalf("b took the lock %v after the restart while a still held it (a.Err = %v)", took, a.Err())
+	}
+	if took < ttl {
+		t.Errorf("b took the lock %v after the restart, less than a TTL (%v)", took, ttl)
+	}
+	t.Logf("takeover %v after the store went down (TTL %v)", took.Round(time.Millisecond), ttl)
+	proxy.Heal()
+	// Before the restarted store is closed (the test's cleanups run first).
+	if err := b.Unlock(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A holder's renewals stuck in its connection when its lease ran out are
+// not sent again when the client resumes its MQTT session: they would
+// create the key again for a holding that has ended, a phantom holder that
+// waiters wait out for a TTL.
+func TestLostHoldingsRenewalsNotRedelivered(t *testing.T) {
+	srv := startStore(t)
+	proxy := startProxy(t, srv.Addr())
+	ca, err := sskv.Dial(testCtx(t), sskv.Config{Addr: proxy.Addr(), ClientID: testID(t),
+		KeepAlive: time.Minute, PingTimeout: 30 * time.Second, // the frozen connection stays until Cut
+		ReconnectMin: 10 * time.Millisecond, ReconnectMax: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ca.Close() })
+	ttl := 600 * time.Millisecond
+	a := newLock(t, ca, lock.Config{Name: "l", TTL: ttl})
+	mustLock(t, a)
+	proxy.Blackhole() // a's renewals stay unacknowledged in its session
+	waitDone(t, a)
+	if !errors.Is(a.Err(), lock.ErrRenewDeadline) {
+		t.Fatalf("a.Err = %v; want ErrRenewDeadline", a.Err())
+	}
+	observer := newLock(t, dial(t, srv.Addr()), lock.Config{Name: "l"})
+	waitFor(t, "the key to expire", func() bool { h, err := observer.Holder(testCtx(t)); return err == nil && !h.Held() })
+	proxy.Cut()
+	proxy.Heal()
+	// A request made now goes out after whatever the resumed session sends.
+	if _, err := ca.Get(testCtx(t), "marker"); err != nil {
+		t.Fatal(err)
+	}
+	if h := holder(t, observer); h.Held() {
+		t.Fatalf("the key holds %+v after the lost holder reconnected; want none", h)
+	}
+}
+
+// Close ends a Lock that waits, at once: the wait returns an error wrapping
+// ErrClosed, and Close does not wait for its own context.
+func TestCloseEndsWait(t *testing.T) {
+	srv := startStore(t)
+	a := newLock(t, dial(t, srv.Addr()), lock.Config{Name: "l", TTL: time.Minute})
+	cb := dial(t, srv.Addr())
+	b := newLock(t, cb, lock.Config{Name: "l", TTL: time.Minute})
+	mustLock(t, a)
+	got := make(chan error, 1)
+	go func() { got <- b.Lock(testCtx(t)) }()
+	waitFor(t, "b to wait", func() bool { return srv.Watching(cb.ID(), "l") })
+	if err := b.Close(testCtx(t)); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := <-got; !errors.Is(err, lock.ErrClosed) {
+		t.Fatalf("the waiting Lock returned %v; want ErrClosed", err)
+	}
+	if err := b.Lock(testCtx(t)); !errors.Is(err, lock.ErrClosed) {
+		t.Fatalf("Lock after Close = %v; want ErrClosed", err)
+	}
+}
+
+// OnRenewal runs off the renew loop: it may give the lock up, the natural
+// reaction to a failed renewal, without deadlocking the Lock.
+func TestUnlockFromOnRenewal(t *testing.T) {
+	srv := startStore(t)
+	c := dial(t, srv.Addr())
+	unlocked := make(chan error, 1)
+	var l *lock.Lock
+	var once sync.Once
+	l = newLock(t, c, lock.Config{Name: "l", TTL: 300 * time.Millisecond, OnRenewal: func(time.Duration, error) {
+		once.Do(func() { unlocked <- l.Unlock(context.Background()) })
+	}})
+	mustLock(t, l)
+	select {
+	case err := <-unlocked:
+		if err != nil {
+			t.Fatalf("Unlock from OnRenewal: %v", err)
+		}
+	case <-time.After(waitTimeout):
+		t.Fatal("Unlock from OnRenewal did not return")
+	}
+	if !errors.Is(l.Err(), lock.ErrReleased) {
+		t.Fatalf("Err = %v; want ErrReleased", l.Err())
+	}
+}
+
+// A TTL so long that ten of them overflow a time.Duration (about 29 years)
+// does not make a waiter check in a loop.
+func TestHugeTTLWaiterSleeps(t *testing.T) {
+	srv := startStore(t)
+	ttl := 30 * 365 * 24 * time.Hour
+	a := newLock(t, dial(t, srv.Addr()), lock.Config{Name: "l", TTL: ttl})
+	cb := dial(t, srv.Addr())
+	b := newLock(t, cb, lock.Config{Name: "l", TTL: ttl})
+	mustLock(t, a)
+	before := srv.Requests(cb.ID())
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	if err := b.Lock(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("b.Lock = %v; want DeadlineExceeded", err)
+	}
+	if n := srv.Requests(cb.ID()) - before; n > 5 {
+		t.Fatalf("the waiter sent %d requests in 500 ms; want a check and a watch", n)
+	}
+}
+
+// Two Locks with the same HolderID (a candidate id kept across campaigns)
+// write different records while their acquisitions are under way, so the
+// background delete of one's unknown acquisition cannot delete the other's
+// key between the SET that takes it and the one that fences it.
+func TestStaleUndoSparesSameHolderID(t *testing.T) {
+	srv := startStore(t)
+	c1, c2 := dial(t, srv.Addr()), dial(t, srv.Addr())
+	admin := dial(t, srv.Addr())
+	cfg := lock.Config{Name: "l", HolderID: "candidate", TTL: 2 * time.Second, FenceKey: true}
+	l1, l2 := newLock(t, c1, cfg), newLock(t, c2, cfg)
+	w, err := admin.Watch(testCtx(t), "l")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+
+	// l1's acquisition applies, but its answer is lost; the delete that
+	// undoes it is held up in the network.
+	srv.SetResponseFault(c1.ID(), localstore.ResponseFault{Drop: true})
+	sent := srv.Requests(c1.ID())
+	tried := make(chan error, 1)
+	go func() {
+		_, err := l1.TryLock(testCtx(t))
+		tried <- err
+	}()
+	waitFor(t, "l1's SET to be applied", func() bool { return srv.Requests(c1.ID()) == sent+1 })
+	if err := srv.Hold(c1.ID(), localstore.ToStore); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-tried; err == nil {
+		t.Fatal("TryLock without an answer succeeded")
+	}
+	for ev := range w.Events() { // l1's record expires
+		if ev.Op == sskv.OpDelete {
+			break
+		}
+	}
+
+	// l2 takes the key; the answer to its first SET is slow, and the held
+	// delete arrives in between.
+	srv.SetResponseFault(c2.ID(), localstore.ResponseFault{Delay: 500 * time.Millisecond})
+	sent = srv.Requests(c2.ID())
+	go func() {
+		ok, err := l2.TryLock(testCtx(t))
+		if !ok || err != nil {
+			err = errors.Join(err, errors.New("not acquired"))
+		}
+		tried <- err
+	}()
+	waitFor(t, "l2's first SET to be applied", func() bool { return srv.Requests(c2.ID()) == sent+1 })
+	srv.Release(c1.ID())
+	if err := <-tried; err != nil {
+		t.Fatalf("l2.TryLock: %v", err)
+	}
+	srv.SetResponseFault(c2.ID(), localstore.ResponseFault{})
+	for ev := range w.Events() {
+		if ev.Op == sskv.OpDelete {
+			t.Fatalf("the key was deleted while l2 took it (event %+v)", ev)
+		}
+		if h := lock.ParseHolder(ev.Value, ev.Version); h.Token == l2.Token() {
+			break // l2's record with its token: its acquisition is done
+		}
+	}
+	if l2.Err() != nil {
+		t.Fatalf("l2.Err = %v", l2.Err())
+	}
+}
