@@ -356,3 +356,75 @@ func TestStaleUndoSparesSameHolderID(t *testing.T) {
 		t.Fatalf("l2.Err = %v", l2.Err())
 	}
 }
+
+// SetValue is an unconditional SET (fenced, but the SET that takes a free
+// key is not fenced yet). Here a holder's SetValue is held up in the network
+// while its key is deleted by hand and another holder takes the key, and
+// arrives between the two SETs of that acquisition: it overwrites the new
+// holder's first record. The old holder has lost its lock already (its
+// watch saw the deletion), its SetValue fails, and the new holder's fenced
+// second SET overwrites the interloper: the new holder keeps the lock.
+func TestLateSetValueDuringAcquisition(t *testing.T) {
+	srv := startStore(t)
+	ca, cb, admin := dial(t, srv.Addr()), dial(t, srv.Addr()), dial(t, srv.Addr())
+	hook, waitRenewals := renewals(t)
+	a := newLock(t, ca, lock.Config{Name: "l", TTL: 1500 * time.Millisecond, FenceKey: true})
+	b := newLock(t, cb, lock.Config{Name: "l", TTL: 1500 * time.Millisecond, FenceKey: true, OnRenewal: hook})
+	mustLock(t, a)
+	waiting := make(chan error, 1)
+	go func() { waiting <- b.Lock(testCtx(t)) }()
+	waitFor(t, "b to wait", func() bool { return srv.Watching(cb.ID(), "l") })
+	w, err := admin.Watch(testCtx(t), "l")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+
+	if err := srv.Hold(ca.ID(), localstore.ToStore); err != nil {
+		t.Fatal(err)
+	}
+	setValue := make(chan error, 1)
+	go func() { setValue <- a.SetValue(testCtx(t), []byte("late")) }()
+	// b's two SETs are answered 300 ms late each: its acquisition still
+	// completes within its renew deadline (1 s).
+	srv.SetResponseFault(cb.ID(), localstore.ResponseFault{Delay: 300 * time.Millisecond})
+	sent := srv.Requests(cb.ID())
+	if _, err := admin.Del(testCtx(t), "l", sskv.DelOptions{FencingToken: a.Token()}); err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, a)
+	waitFor(t, "b's first SET to be applied", func() bool { return srv.Requests(cb.ID()) > sent })
+	srv.Release(ca.ID())
+	if err := <-setValue; err == nil {
+		t.Fatal("SetValue of a lost holding succeeded")
+	}
+	if err := <-waiting; err != nil {
+		t.Fatalf("b.Lock: %v", err)
+	}
+	srv.SetResponseFault(cb.ID(), localstore.ResponseFault{})
+	waitRenewals(1)
+	if b.Err() != nil {
+		t.Fatalf("b lost the lock to a's late write: %v", b.Err())
+	}
+	if h := holder(t, b); h.ID != b.HolderID() || h.Token != b.Token() {
+		t.Fatalf("Holder = %+v; want b with its token", h)
+	}
+	// The interleaving happened: b's first record, a's late one, b's fenced one.
+	var order []string
+	for len(order) < 4 {
+		ev := <-w.Events()
+		switch h := lock.ParseHolder(ev.Value, ev.Version); {
+		case ev.Op == sskv.OpDelete:
+			order = append(order, "deleted")
+		case h.ID == a.HolderID() && string(h.Value) == "late":
+			order = append(order, "a late")
+		case h.ID == b.HolderID() && h.Token.IsZero():
+			order = append(order, "b taking")
+		case h.ID == b.HolderID():
+			order = append(order, "b fenced")
+		}
+	}
+	if want := []string{"deleted", "b taking", "a late", "b fenced"}; !slices.Equal(order[:4], want) {
+		t.Fatalf("the key went through %v; want %v", order, want)
+	}
+}
