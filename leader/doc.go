@@ -47,9 +47,21 @@
 //     keeps the key for TTL - RenewDeadline more: the time the leader's work
 //     has to stop before another candidate can be elected. A renewal that
 //     finds a newer term ends it at once, and so does a fenced write that
-//     finds a newer token. The leader also watches its key: if the key is
-//     deleted behind its back (by hand, or lost by a store restart), the
-//     term ends at once rather than re-creating it with the next renewal.
+//     finds a newer token (only that term's: a late refusal of an earlier
+//     term's write never ends a later one). The leader also watches its key:
+//     if the key is deleted behind its back, the term ends at once
+//     (lock.ErrKeyLost) rather than re-creating it with the next renewal.
+//   - A term never outlives its key. After a reconnect, or when its watch
+//     lost track of the key, the leader reads its key before it writes
+//     anything more, and the term ends if the key is gone (a store restart
+//     loses every key), at another version, or another candidate's.
+//     Requests of a term are never sent again on a later connection, and a
+//     request whose caller gave up is never sent again at all (see package
+//     sskv), so no renewal of an ended term re-creates the key.
+//   - A candidate never takes a key someone may still believe they hold:
+//     after a store restart, a candidate that had seen a leader waits a full
+//     TTL since its reconnect before it campaigns for the missing key, by
+//     which time the former leader has given its term up on its own clock.
 //   - The key is given up only after the work has returned: a lost term
 //     never deletes the key by itself, and [Elector.Run] resigns only once
 //     the work of the term has returned.
@@ -78,6 +90,20 @@
 // requests need deadlines of their own, shorter than the time it may stall
 // without harm.
 //
+// # Store restarts
+//
+// A broker restart or upgrade loses the election's key (it is not
+// persisted). The leader's term ends as soon as it has reconnected and read
+// its key (by its renew deadline if it cannot reconnect), and a new leader
+// is elected about a TTL after the candidates reconnect: no two leaders in
+// between. With a persisted key the term would go on and a restart would
+// cost nothing; the library does not persist it, so that an election never
+// depends on the store's disk. Persist the keys the leader writes with its
+// term's token if they must survive a restart: a key's fencing token goes
+// with the key. A candidate process started after a restart, which has seen
+// nothing, campaigns at once: until the former leader has reconnected, both
+// may lead.
+//
 // # Configuration
 //
 // TTL, renew interval and renew deadline follow [lock.Config]: 0 <
@@ -85,4 +111,6 @@
 // are 10 s, TTL/3 and 2/3 TTL, as client-go's. A crashed leader is replaced
 // about TTL after its last renewal; a resigning one at once. Options are
 // functional ([Option]); those that do not apply to a call are ignored.
+// Metrics.Renewal runs on a goroutine of its own, never on the renew loop,
+// so it may call Resign.
 package leader

@@ -76,13 +76,14 @@ func WithHealthTolerance(d time.Duration) Option {
 
 // Metrics are hooks for metrics, to bridge to Prometheus, OpenTelemetry or
 // anything else without this package depending on them. Nil fields are
-// skipped. They are called synchronously and must not block.
+// skipped. They must not block for long: Leading and Leaderless are called
+// synchronously, Renewal in order on a goroutine of its own.
 type Metrics struct {
 	// Leading is called with true when this candidate starts leading and
 	// with false when its term ends: a gauge, and a count of transitions.
 	Leading func(leading bool)
 	// Renewal is called after each renewal of a term, with its latency and
-	// error.
+	// error, in order, on a goroutine of its own (it may call Resign).
 	Renewal func(latency time.Duration, err error)
 	// Leaderless is called by an Elector when it observes a leader after a
 	// time without one, with the length of that time as it observed it.

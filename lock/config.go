@@ -69,7 +69,10 @@ type Config struct {
 
 	// OnRenewal, if set, is called after every renewal the Lock sends (not
 	// the acquisition) with how long it took and its error, if any: a hook for
-	// metrics. It is called from the renew loop and must not block.
+	// metrics. The calls are made in order, on a goroutine of their own and
+	// never on the renew loop, so OnRenewal may call any method of the Lock
+	// (giving the lock up after a failed renewal with Unlock, say); a call
+	// that blocks delays the next ones, not the renewals.
 	OnRenewal func(latency time.Duration, err error)
 
 	// Logger receives the lock's logs (acquired, lost, released at Info;

@@ -18,6 +18,13 @@
 // Unlock stops the renewals and deletes the key with VDEL, which deletes it
 // only if it still holds this HolderID.
 //
+// A holding writes its key only through the connection on which it last
+// saw it (an sskv.Conn), and knows the version of its last write. When that
+// connection is lost, it reads the key as soon as the client has
+// reconnected, and goes on only if the key is still at that version: a SET
+// NEX renewal would otherwise re-create a key that vanished meanwhile (in a
+// store restart, say) after another holder may have held it in between.
+//
 // A Lock that waits ([Lock.Lock]) watches the key (KEYNOTIFY) and sleeps
 // until it is deleted, by a release or by expiry, then tries at once. It
 // sends no request while the holder keeps renewing; a free lock costs one
@@ -41,11 +48,13 @@
 // what makes changing the value safe: the store refuses any write carrying
 // an older token, so a request of an earlier holding that arrives late can
 // never overwrite the current holder's record. A FenceKey holder also
-// watches its key, and its holding ends as lost (ErrHeldByOther) the moment
-// the key is deleted behind its back (by hand, or lost by a store restart)
-// or taken by another holder: its renewals, SET NEX, would otherwise create
-// the key again, after another holder may have held it in between. Without
-// FenceKey that is what happens. Package leader builds on this.
+// watches its key, and its holding ends as lost the moment the key is
+// deleted behind its back (ErrKeyLost) or taken by another holder
+// (ErrHeldByOther); when the watch reports that it lost track of the key (a
+// Resync), the holder reads the key at once. Without FenceKey a deletion by
+// hand on a live connection goes unnoticed until the next renewal, which
+// re-creates the key; a store restart is caught either way, by the read
+// after the reconnect. Package leader builds on this.
 //
 // # Guarantees
 //
@@ -77,6 +86,49 @@
 //   - Fencing tokens increase strictly from one holder to the next, because
 //     the store's versions do. Renewals do not change a holding's token, so
 //     a holder's own earlier fenced writes never make its later ones fail.
+//   - A holding never outlives its key. Whatever a holder may have missed
+//     (a reconnect, a Resync of its watch, a store restart, a request of
+//     its own delivered late) is confirmed before it writes again: after a
+//     reconnect it reads its key, and a missing key, another version or
+//     another holder ends the holding as lost (ErrKeyLost,
+//     ErrHeldByOther), with Done and Context as for any loss. A record of
+//     its own that a late request of its wrote is deleted. Requests of a
+//     holding are never sent again on a later connection (see sskv.Conn),
+//     and a request whose caller gave up is never sent again at all.
+//   - A waiter never takes a key that someone may still believe they hold.
+//     When a waiter that has seen the key held finds it missing after a
+//     reconnect, or after a Resync of its watch, the key may have vanished
+//     with a store restart while its holder, cut off, still counts on it
+//     until its renew deadline. The waiter then waits a full TTL since the
+//     reconnect (or the Resync) before it tries. A release or an expiry it
+//     sees (a DELETE notification) is taken at once, as before.
+//
+// # Store restarts
+//
+// The state store keeps lock keys in memory: a broker restart or upgrade
+// loses them (the library never asks for them to be persisted). What holds
+// then: the holder finds its key gone as soon as it has reconnected, and its
+// holding ends (ErrKeyLost) with its work's context cancelled, well before
+// its renew deadline if the store comes back quickly, by the deadline
+// otherwise; waiters take the lock about a TTL after they reconnect; no two
+// holders overlap meanwhile, and tokens keep increasing (the restarted
+// store's versions come from its clock). What it costs: a restart ends every
+// holding, and the lock is free again only a TTL later (measured with a 2 s
+// TTL: the waiter held it 2.2 s after the store went down).
+//
+// If the lock's key were persisted (the service's aio-persistence), it
+// would survive the restart: the holder would find it at its version and go
+// on, and waiters would find it held, so a restart would cost nothing but
+// the reconnect. The keys a holder writes with its fencing token (package
+// fenced) carry their token only as long as they exist: persist the ones
+// that must survive a restart (sskv.SetOptions.Persist), or a restart loses
+// their fence with them.
+//
+// What no client can know: a process that starts after a store restart and
+// finds the key missing takes it at once. Until the former holder has
+// reconnected and read its key (a reconnect delay after the store is back),
+// both may act; the former holder's fenced writes are refused once the new
+// one has written the same keys.
 //
 // What it does not guarantee: a lease is only as good as the holder's
 // reaction to Done. Work that ignores its context can still run after the
@@ -91,5 +143,9 @@
 // RenewDeadline < TTL, in whole milliseconds; the defaults are 10 s, TTL/3
 // and 2/3 TTL, as client-go's leader election. A shorter TTL speeds up the
 // takeover after a crash (about TTL after the last renewal) but leaves less
-// room for pauses; an Unlock hands over at once whatever the TTL.
+// room for pauses; an Unlock hands over at once whatever the TTL. A TTL of
+// decades is accepted; the arithmetic saturates rather than overflow.
+//
+// Config.OnRenewal runs on a goroutine of its own, never on the renew loop:
+// it may call any method of the Lock, Unlock and Close included.
 package lock
