@@ -283,3 +283,59 @@ func TestNoRepeatedResync(t *testing.T) {
 		t.Fatalf("event %+v, want v5 (the Resync to v4 was delivered already)", ev)
 	}
 }
+
+// TestStaleNotificationAfterResync: notifications the store had sent before
+// a disconnect, and that the resumed session delivers again after the
+// reconnect, are older than the read that restores the watch: they come
+// before its answer, in the connection's order, and cannot pass for news
+// after it. Here the key is set and then deleted while the watcher's
+// traffic is held; the watcher ends knowing the key is gone, and a later
+// SET is reported as the next change.
+func TestStaleNotificationAfterResync(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	c := dial(t, srv)
+	other := dial(t, srv)
+	ctx := testCtx(t)
+	w, err := c.Watch(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	if _, err := other.Set(ctx, "k", []byte("v1"), sskv.SetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if ev := nextEvent(t, w); string(ev.Value) != "v1" {
+		t.Fatalf("event %+v", ev)
+	}
+	if err := srv.Hold(c.ID(), localstore.FromStore); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Set(ctx, "k", []byte("v2"), sskv.SetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Del(ctx, "k", sskv.DelOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Drop(c.ID()); err != nil {
+		t.Fatal(err)
+	}
+	// Whatever the resumed session delivers, the watcher's last word on k
+	// before the next change is that it is gone.
+	var last sskv.Event
+	for {
+		ev := nextEvent(t, w)
+		if !ev.Resync && string(ev.Value) == "v3" {
+			break
+		}
+		last = ev
+		t.Logf("event %+v", ev)
+		if ev.Op == sskv.OpDelete {
+			if _, err := other.Set(ctx, "k", []byte("v3"), sskv.SetOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if last.Op != sskv.OpDelete {
+		t.Fatalf("the last event before v3 was %+v; want the deletion", last)
+	}
+}
