@@ -112,7 +112,7 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 				continue
 			}
 			ok, err := l.attempt(ctx, cn)
-			unknown = err != nil && !errors.Is(err, sskv.ErrNotSent) // a late answer too: the key is this Lock's
+			unknown = err != nil && len(l.undo) > 0 // attempt keeps what may have been written (a late answer too)
 			recheck.Reset(l.recheckAfter())
 			switch {
 			case ok:
