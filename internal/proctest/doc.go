@@ -38,6 +38,9 @@
 //
 // A failing run prints its seed, its faults and the paths of the event logs,
 // which are kept (in a directory under $TMPDIR) for a failing run only.
+// TestBrokenCandidateFails checks the checks: candidates that ignore the end
+// of their term and write without its token (a hidden flag of the
+// candidate) fail (1) and (2) once store restarts have made a second leader.
 //
 //	go test ./internal/proctest                                         # 25 s of faults, seed 1
 //	DSSLOCK_PROCTEST=10m go test -run TestProcesses -v -timeout 15m ./internal/proctest
