@@ -72,10 +72,10 @@ type proc struct {
 	termed  bool // sent SIGTERM, to stop
 }
 
-// failed reports how p ended if that was not cleanly: an exit status other
+// exitErr reports how p ended if that was not cleanly: an exit status other
 // than 0, or a signal other than the SIGTERM that stopped it (which kills a
 // process started so recently that its handler is not installed yet).
-func (p *proc) failed() error {
+func (p *proc) exitErr() error {
 	var ee *exec.ExitError
 	if errors.As(p.waitErr, &ee) && p.termed {
 		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGTERM {
@@ -93,8 +93,8 @@ func (p *proc) signal(sig syscall.Signal) error {
 	return nil
 }
 
-// kill kills p with SIGKILL and waits until it is reaped. It returns when
-// the signal was sent.
+// kill kills p with SIGKILL, waits until it is reaped, and returns when the
+// signal was sent.
 func (p *proc) kill() (int64, error) {
 	if err := p.signal(syscall.SIGKILL); err != nil {
 		return 0, err
@@ -104,15 +104,16 @@ func (p *proc) kill() (int64, error) {
 	return at, nil
 }
 
-// startProc starts bin with args. Each line of its output (its standard
-// error for the store, its standard output for a candidate) goes to the file
-// out and to line; the other stream goes to the file errOut.
-func startProc(name, bin string, args []string, outPath, errPath string, stderrLines bool, line func(string)) (*proc, error) {
-	out, err := os.Create(outPath)
+// startProc starts bin with args. Each line of one of its output streams
+// (standard error if fromStderr, else standard output) is written to the
+// file linesPath and passed to line; the other stream goes to the file
+// otherPath.
+func startProc(name, bin string, args []string, linesPath, otherPath string, fromStderr bool, line func(string)) (*proc, error) {
+	out, err := os.Create(linesPath)
 	if err != nil {
 		return nil, err
 	}
-	errOut, err := os.Create(errPath)
+	other, err := os.Create(otherPath)
 	if err != nil {
 		out.Close()
 		return nil, err
@@ -120,22 +121,22 @@ func startProc(name, bin string, args []string, outPath, errPath string, stderrL
 	cmd := exec.Command(bin, args...)
 	setProcAttr(cmd)
 	var pipe io.ReadCloser
-	if stderrLines {
-		cmd.Stdout = errOut
+	if fromStderr {
+		cmd.Stdout = other
 		pipe, err = cmd.StderrPipe()
 	} else {
-		cmd.Stderr = errOut
+		cmd.Stderr = other
 		pipe, err = cmd.StdoutPipe()
 	}
 	if err != nil {
 		out.Close()
-		errOut.Close()
+		other.Close()
 		return nil, err
 	}
 	p := &proc{name: name, cmd: cmd, started: now(), done: make(chan struct{})}
 	if err := cmd.Start(); err != nil {
 		out.Close()
-		errOut.Close()
+		other.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	go func() {
@@ -149,7 +150,7 @@ func startProc(name, bin string, args []string, outPath, errPath string, stderrL
 		p.waitErr = cmd.Wait()    // after every read of the pipe
 		p.exited = now()
 		out.Close()
-		errOut.Close()
+		other.Close()
 	}()
 	return p, nil
 }
@@ -165,8 +166,8 @@ type run struct {
 	mu     sync.Mutex
 	stores []*proc       // every store process, in order
 	cands  []*candidate  // every candidate process, in order of start
-	faults []fault       // in order of start
-	failed []string      // problems of the test itself (an unexpected exit)
+	faults []fault       // in the order they were healed
+	errs   []string      // errors of the test itself (a bad event line, an unexpected exit)
 	lastOK int64         // the latest acknowledged increment, by its time
 	okCh   chan struct{} // a signal after each acknowledged increment
 	slots  []*candidate  // the current process of each candidate slot
@@ -273,7 +274,7 @@ func (r *run) record(c *candidate, line string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err != nil {
-		r.failed = append(r.failed, fmt.Sprintf("%s: bad event line %q: %v", c.name, line, err))
+		r.errs = append(r.errs, fmt.Sprintf("%s: bad event line %q: %v", c.name, line, err))
 		return
 	}
 	c.log = append(c.log, ev)

@@ -160,18 +160,18 @@ func execute(t *testing.T, cfg config) *result {
 	r.stopAll(stopLimit)
 
 	for _, c := range r.cands {
-		if err := c.failed(); c.killed == 0 && err != nil {
-			r.failed = append(r.failed, fmt.Sprintf("%s exited: %v; see %s", c.name, err, filepath.Join(logs, c.name+".log")))
+		if err := c.exitErr(); c.killed == 0 && err != nil {
+			r.errs = append(r.errs, fmt.Sprintf("%s exited: %v; see %s", c.name, err, filepath.Join(logs, c.name+".log")))
 		}
 	}
-	if p := r.store(); p.failed() != nil {
-		r.failed = append(r.failed, fmt.Sprintf("%s did not stop cleanly: %v", p.name, p.failed()))
+	if p := r.store(); p.exitErr() != nil {
+		r.errs = append(r.errs, fmt.Sprintf("%s did not stop cleanly: %v", p.name, p.exitErr()))
 	}
 	if b, err := json.MarshalIndent(r.faults, "", "\t"); err == nil {
 		_ = os.WriteFile(filepath.Join(logs, "faults.json"), b, 0o644)
 	}
-	if len(r.failed) > 0 {
-		fatal("%s", strings.Join(r.failed, "\n"))
+	if len(r.errs) > 0 {
+		fatal("%s", strings.Join(r.errs, "\n"))
 	}
 	return res
 }
