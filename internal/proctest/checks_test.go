@@ -116,15 +116,26 @@ func findOverlaps(cands []*candidate) []overlap {
 	return found
 }
 
-// describe says what o is, for the report.
+// describe says what o is, for the report: for an excused overlap, whose
+// pause excuses it (a pause of the earlier work's candidate explains an
+// overlap; one of the later work's does not, but excuses it all the same)
+// and how long after the pause the overlap ended.
 func (o overlap) describe(c clock) string {
 	s := fmt.Sprintf("%s and %s worked at once from %s for %v", o.a.cand.name, o.b.cand.name,
 		c.at(o.from), o.length().Round(time.Microsecond))
 	if !o.excused() {
 		return s + ": NOT EXCUSED"
 	}
-	return s + fmt.Sprintf(": excused, %s was paused %s (the overlap ended %v after the pause)",
-		o.pausedCand.name, c.span(o.pause), time.Duration(o.to-o.pause.to).Round(time.Microsecond))
+	which := "earlier"
+	if o.pausedCand == o.b.cand {
+		which = "later"
+	}
+	end := "during the pause"
+	if o.to > o.pause.to {
+		end = fmt.Sprintf("%v after the pause", time.Duration(o.to-o.pause.to).Round(time.Microsecond))
+	}
+	return s + fmt.Sprintf(": excused, %s (the %s work) was paused %s; the overlap ended %s",
+		o.pausedCand.name, which, c.span(o.pause), end)
 }
 
 // increments is what check (2) found.
