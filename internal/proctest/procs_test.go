@@ -287,9 +287,9 @@ func (r *run) record(c *candidate, line string) {
 	}
 }
 
-// waitWrite waits until some candidate's increment written after since is
-// acknowledged, or until deadline. It returns that increment's time.
-func (r *run) waitWrite(ctx context.Context, since int64, deadline time.Time) (int64, bool) {
+// waitWrite waits until some candidate's increment is acknowledged after
+// since, and reports false if deadline or ctx came first.
+func (r *run) waitWrite(ctx context.Context, since int64, deadline time.Time) bool {
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
 	for {
@@ -297,14 +297,14 @@ func (r *run) waitWrite(ctx context.Context, since int64, deadline time.Time) (i
 		last := r.lastOK
 		r.mu.Unlock()
 		if last > since {
-			return last, true
+			return true
 		}
 		select {
 		case <-r.okCh:
 		case <-timer.C:
-			return 0, false
+			return false
 		case <-ctx.Done():
-			return 0, false
+			return false
 		}
 	}
 }
