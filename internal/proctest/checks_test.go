@@ -46,8 +46,7 @@ func (c clock) span(s span) string {
 
 // work is the work of one term in one candidate process.
 type work struct {
-	cand  *candidate
-	token string
+	cand *candidate
 	span
 }
 
@@ -58,7 +57,7 @@ func works(c *candidate) []work {
 	for _, ev := range c.log {
 		switch {
 		case ev.Ev == "work_start":
-			ws = append(ws, work{cand: c, token: ev.Token, span: span{ev.T, 0}})
+			ws = append(ws, work{cand: c, span: span{ev.T, 0}})
 		case ev.Ev == "work_end" && len(ws) > 0:
 			ws[len(ws)-1].to = ev.T
 		}

@@ -254,7 +254,7 @@ func (r *run) startCandidate(slot int) error {
 		args = append(args, "-broken")
 	}
 	p, err := startProc(name, r.candidateBin, args, c.events, filepath.Join(r.dir, name+".log"), false,
-		func(line string) { r.record(c, line) })
+		func(line string) { r.record(c, name, line) })
 	if err != nil {
 		return err
 	}
@@ -266,15 +266,15 @@ func (r *run) startCandidate(slot int) error {
 	return nil
 }
 
-// record keeps one line of c's event log, and signals an acknowledged
-// increment.
-func (r *run) record(c *candidate, line string) {
+// record keeps one line of the event log of c, named name (c.proc is not
+// set yet when its first line comes), and signals an acknowledged increment.
+func (r *run) record(c *candidate, name, line string) {
 	var ev event
 	err := json.Unmarshal([]byte(line), &ev)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err != nil {
-		r.errs = append(r.errs, fmt.Sprintf("%s: bad event line %q: %v", c.name, line, err))
+		r.errs = append(r.errs, fmt.Sprintf("%s: bad event line %q: %v", name, line, err))
 		return
 	}
 	c.log = append(c.log, ev)
