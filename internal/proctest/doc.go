@@ -7,8 +7,8 @@
 // candidate with go build, starts the store on a free loopback port and
 // three candidates. Each candidate campaigns with leader.Elector (TTL 1 s)
 // and, while it leads, increments one counter key with fenced
-// read-modify-writes every 25 ms, logging each event as a JSON line with
-// the wall clock (see the candidate's documentation). For the run's fault
+// read-modify-writes about every 25 ms, logging each event as a JSON line
+// with the wall clock (see the candidate's documentation). For the run's fault
 // phase, faults drawn from a seed are injected, each on its own timeline, so
 // that faults of different processes overlap:
 //

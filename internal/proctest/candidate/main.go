@@ -1,8 +1,8 @@
 // Command candidate is one candidate of the process-level safety test
 // (package internal/proctest), which builds and runs it; it is for nothing
 // else. It campaigns with leader.Elector on a state store and, while it
-// leads, increments one counter key with fenced read-modify-writes, as fast
-// as -pace allows, each read and write with its own -op-timeout deadline.
+// leads, increments one counter key with fenced read-modify-writes, about
+// every -pace, each read and write with its own -op-timeout deadline.
 //
 // It writes one JSON line per event to standard output, each with the wall
 // clock in nanoseconds (field "t"), as a single write so that a kill -9
@@ -31,6 +31,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"os/signal"
 	"strconv"
@@ -65,7 +66,7 @@ func run(ctx context.Context, args []string) error {
 	addr := fs.String("addr", "127.0.0.1:1883", "the state store's `host:port`")
 	id := fs.String("id", "candidate", "this candidate's name, published while it leads")
 	ttl := fs.Duration("ttl", time.Second, "the lease of a term")
-	pace := fs.Duration("pace", 25*time.Millisecond, "the pause between two increments")
+	pace := fs.Duration("pace", 25*time.Millisecond, "the mean pause between two increments (each from half to 3/2 of it)")
 	opTimeout := fs.Duration("op-timeout", 300*time.Millisecond, "the deadline of each read and write of the counter")
 	// Hidden, for the test of the checks only: the work ignores the end of
 	// its term and writes without the term's token.
@@ -126,17 +127,18 @@ type setter interface {
 	Set(ctx context.Context, key string, value []byte, opts sskv.SetOptions) (sskv.SetResult, error)
 }
 
-// work increments the counter every pace until ctx ends.
+// work increments the counter about every pace until ctx ends. The pauses
+// are random, from pace/2 to 3/2 pace, so that two candidates that write at
+// once (broken ones) do not keep their read-modify-writes in or out of step
+// for a whole run, and faults hit every part of the cycle.
 func work(ctx context.Context, c *sskv.Client, w setter, token string, pace, timeout time.Duration, out *emitter) {
-	tick := time.NewTicker(pace)
-	defer tick.Stop()
 	for ctx.Err() == nil {
 		ev := increment(ctx, c, w, timeout)
 		ev.Token = token
 		out.emit(ev)
 		select {
 		case <-ctx.Done():
-		case <-tick.C:
+		case <-time.After(pace/2 + rand.N(pace)):
 		}
 	}
 }
