@@ -118,7 +118,7 @@ func findOverlaps(cands []*candidate) []overlap {
 // describe says what o is, for the report: for an excused overlap, whose
 // pause excuses it (a pause of the earlier work's candidate explains an
 // overlap; one of the later work's does not, but excuses it all the same)
-// and how long after the pause the overlap ended.
+// and when the overlap ended relative to the pause.
 func (o overlap) describe(c clock) string {
 	s := fmt.Sprintf("%s and %s worked at once from %s for %v", o.a.cand.name, o.b.cand.name,
 		c.at(o.from), o.length().Round(time.Microsecond))
@@ -129,12 +129,19 @@ func (o overlap) describe(c clock) string {
 	if o.pausedCand == o.b.cand {
 		which = "later"
 	}
-	end := "during the pause"
-	if o.to > o.pause.to {
-		end = fmt.Sprintf("%v after the pause", time.Duration(o.to-o.pause.to).Round(time.Microsecond))
-	}
+	end := time.Duration(o.to - o.pause.to).Round(time.Microsecond)
 	return s + fmt.Sprintf(": excused, %s (the %s work) was paused %s; the overlap ended %s",
-		o.pausedCand.name, which, c.span(o.pause), end)
+		o.pausedCand.name, which, c.span(o.pause), relative(end))
+}
+
+// relative says when something ended relative to a pause's end (taken
+// after SIGCONT was sent: a work that ends as its process wakes up ends
+// just before it).
+func relative(d time.Duration) string {
+	if d < 0 {
+		return fmt.Sprintf("%v before the pause's end", -d)
+	}
+	return fmt.Sprintf("%v after the pause's end", d)
 }
 
 // increments is what check (2) found.

@@ -61,7 +61,7 @@ func TestOverlaps(t *testing.T) {
 	}
 	want := []string{
 		"a and b worked at once from +0.250s for 50ms: NOT EXCUSED",
-		"a and b worked at once from +0.550s for 50ms: excused, b (the later work) was paused +0.560s to +0.580s; the overlap ended 20ms after the pause",
+		"a and b worked at once from +0.550s for 50ms: excused, b (the later work) was paused +0.560s to +0.580s; the overlap ended 20ms after the pause's end",
 		"b and c worked at once from +0.610s for 90ms: NOT EXCUSED",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
