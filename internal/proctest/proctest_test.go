@@ -1,0 +1,280 @@
+//go:build unix
+
+package proctest
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+const (
+	candidates      = 3                // candidate processes at any time
+	shortFaults     = 25 * time.Second // the fault phase of the short run
+	shortSeed       = 1                // the short run's seed: CI draws the same faults every time
+	minRestarts     = 3                // store restarts the short run must include
+	livenessSlack   = 2 * time.Second  // a leader must write within TTL + this of healing
+	firstWriteLimit = 15 * time.Second // a leader must write this soon after the start
+	stopLimit       = 5 * time.Second  // a process that takes longer to stop on SIGTERM is killed
+	shownViolations = 20               // violations of check (2) printed, of each run
+)
+
+// config is what a run does.
+type config struct {
+	seed            uint64
+	faultTime       time.Duration // faults are injected for this long
+	ttl             time.Duration // the candidates' lease
+	restarts        bool          // kill -9 and restart the store
+	storePauses     bool          // SIGSTOP and SIGCONT the store
+	candidateFaults bool          // SIGSTOP and SIGCONT, and kill -9, candidates
+	broken          bool          // candidates ignore the end of their terms and write unfenced
+}
+
+// TestProcesses runs the store and three candidates as processes, injects
+// faults, and checks the record; see the package documentation.
+func TestProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs for about 30 s")
+	}
+	cfg := config{seed: shortSeed, faultTime: shortFaults, ttl: time.Second,
+		restarts: true, storePauses: true, candidateFaults: true}
+	long := os.Getenv("DSSLOCK_PROCTEST")
+	if long != "" {
+		d, err := time.ParseDuration(long)
+		if err != nil || d <= 0 {
+			t.Fatalf("DSSLOCK_PROCTEST=%q: want a positive duration such as 10m", long)
+		}
+		cfg.faultTime, cfg.seed = d, uint64(time.Now().UnixNano())
+	}
+	if s := os.Getenv("DSSLOCK_SEED"); s != "" {
+		seed, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("DSSLOCK_SEED=%q: %v", s, err)
+		}
+		cfg.seed = seed
+	}
+	if s := os.Getenv("DSSLOCK_PROCTEST_RESTARTS"); s != "" {
+		on, err := strconv.ParseBool(s)
+		if err != nil {
+			t.Fatalf("DSSLOCK_PROCTEST_RESTARTS=%q: %v", s, err)
+		}
+		cfg.restarts = on
+	}
+	if d, ok := t.Deadline(); ok && time.Until(d) < cfg.faultTime+time.Minute {
+		t.Fatalf("the run takes %v and a minute more; give go test -timeout %v or more", cfg.faultTime, (cfg.faultTime + 2*time.Minute).Round(time.Minute))
+	}
+
+	res := execute(t, cfg)
+	rep := res.check()
+	rep.log(t, res)
+	if long == "" && cfg.restarts && rep.restarts < minRestarts {
+		t.Errorf("%d store restarts, want at least %d: choose another DSSLOCK_SEED", rep.restarts, minRestarts)
+	}
+	if rep.unexcused > 0 {
+		t.Errorf("check 1: %d overlaps of two candidates' works that no pause excuses, the longest %v", rep.unexcused, rep.maxUnexcused)
+	}
+	if n := len(rep.inc.violations); n > 0 {
+		t.Errorf("check 2: %d violations", n)
+	}
+	if !rep.live(cfg) {
+		t.Errorf("check 3: no increment acknowledged within %v of healing (TTL + %v)", cfg.ttl+livenessSlack, livenessSlack)
+	}
+	if t.Failed() {
+		res.logFailure(t)
+	}
+}
+
+// result is a finished run.
+type result struct {
+	*run
+	logs   string // the directory of the logs
+	start  int64  // when the fault phase began
+	healed int64  // when every fault was healed
+}
+
+// execute runs the programs with faults drawn from cfg.seed, heals them, and
+// waits for a leader's write; it stops every process before it returns. An
+// error of the test itself (a build, a process that would not start or
+// exited unexpectedly) ends the test.
+func execute(t *testing.T, cfg config) *result {
+	t.Logf("seed %d, %v of faults; replay with DSSLOCK_SEED=%d", cfg.seed, cfg.faultTime, cfg.seed)
+	logs, err := os.MkdirTemp("", "proctest-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if !t.Failed() {
+			_ = os.RemoveAll(logs)
+		}
+	})
+	ctx := t.Context()
+	storeBin, candidateBin, err := buildPrograms(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(cfg.seed, 0))
+	timelines := plan(cfg, rng)
+	port, err := freePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &run{cfg: cfg, dir: logs, storeBin: storeBin, candidateBin: candidateBin,
+		addr: fmt.Sprintf("127.0.0.1:%d", port), okCh: make(chan struct{}, 1), slots: make([]*candidate, candidates)}
+	t.Cleanup(r.killAll)
+	fatal := func(format string, args ...any) {
+		t.Helper()
+		t.Fatalf("seed %d: %s; logs in %s", cfg.seed, fmt.Sprintf(format, args...), logs)
+	}
+
+	if _, err := r.startStore(ctx); err != nil {
+		fatal("%v", err)
+	}
+	for slot := range candidates {
+		if err := r.startCandidate(slot); err != nil {
+			fatal("%v", err)
+		}
+	}
+	if !r.waitWrite(ctx, 0, time.Now().Add(firstWriteLimit)) {
+		fatal("no increment acknowledged within %v of the start", firstWriteLimit)
+	}
+
+	phase, cancel := context.WithTimeout(ctx, cfg.faultTime)
+	res := &result{run: r, logs: logs, start: now()}
+	err = r.inject(phase, time.Unix(0, res.start), timelines)
+	cancel()
+	if err != nil {
+		fatal("%v", err)
+	}
+	res.healed = now()
+	r.waitWrite(ctx, res.healed, time.Unix(0, res.healed).Add(cfg.ttl+livenessSlack)) // check (3) reads the logs
+	r.stopAll(stopLimit)
+
+	for _, c := range r.cands {
+		if err := c.exitErr(); c.killed == 0 && err != nil {
+			r.errs = append(r.errs, fmt.Sprintf("%s exited: %v; see %s", c.name, err, filepath.Join(logs, c.name+".log")))
+		}
+	}
+	if p := r.store(); p.exitErr() != nil {
+		r.errs = append(r.errs, fmt.Sprintf("%s did not stop cleanly: %v", p.name, p.exitErr()))
+	}
+	if b, err := json.MarshalIndent(r.faults, "", "\t"); err == nil {
+		_ = os.WriteFile(filepath.Join(logs, "faults.json"), b, 0o644)
+	}
+	if len(r.errs) > 0 {
+		fatal("%s", strings.Join(r.errs, "\n"))
+	}
+	return res
+}
+
+// report is what the checks found.
+type report struct {
+	overlaps                 []overlap
+	unexcused                int
+	maxUnexcused, maxExcused time.Duration
+	inc                      increments
+	restarts, storePauses    int
+	pauses, kills            int           // of candidates
+	firstWrite               time.Duration // from healing to the first acknowledged increment (0: none)
+}
+
+// live reports whether check (3) passed.
+func (rep report) live(cfg config) bool {
+	return rep.firstWrite > 0 && rep.firstWrite <= cfg.ttl+livenessSlack
+}
+
+// check runs the checks on res.
+func (res *result) check() report {
+	var rep report
+	for _, c := range res.cands {
+		for _, ev := range c.log {
+			if d := time.Duration(ev.T - res.healed); ev.Ev == "inc" && ev.Outcome == "ok" && d > 0 &&
+				(rep.firstWrite == 0 || d < rep.firstWrite) {
+				rep.firstWrite = d
+			}
+		}
+	}
+	for _, f := range res.faults {
+		switch f.Kind {
+		case "store-restart":
+			rep.restarts++
+		case "store-pause":
+			rep.storePauses++
+		case "pause":
+			rep.pauses++
+		case "kill":
+			rep.kills++
+		}
+	}
+	rep.overlaps = findOverlaps(res.cands)
+	for _, o := range rep.overlaps {
+		if o.excused() {
+			rep.maxExcused = max(rep.maxExcused, o.length())
+		} else {
+			rep.unexcused++
+			rep.maxUnexcused = max(rep.maxUnexcused, o.length())
+		}
+	}
+	stores := make([]span, len(res.stores))
+	for i, p := range res.stores {
+		stores[i] = span{p.started, p.exited}
+	}
+	rep.inc = checkIncrements(res.cands, stores, clock(res.start))
+	return rep
+}
+
+// log reports the run's figures and every overlap.
+func (rep report) log(t *testing.T, res *result) {
+	t.Helper()
+	c := clock(res.start)
+	for _, o := range rep.overlaps {
+		t.Log("overlap: " + o.describe(c))
+	}
+	for i, v := range rep.inc.violations {
+		if i == shownViolations {
+			t.Logf("... and %d more violations of check 2", len(rep.inc.violations)-i)
+			break
+		}
+		t.Log("check 2: " + v)
+	}
+	live := "none"
+	if rep.firstWrite > 0 {
+		live = rep.firstWrite.Round(time.Millisecond).String()
+	}
+	t.Logf("seed %d, %v of faults: %d store restarts, %d store pauses, %d candidate pauses, %d candidate kills",
+		res.cfg.seed, res.cfg.faultTime, rep.restarts, rep.storePauses, rep.pauses, rep.kills)
+	t.Logf("increments: %d acknowledged, %d refused as stale, %d unknown, %d failed reads; %d acknowledged writes were ambiguous between two store lifetimes",
+		rep.inc.ok, rep.inc.stale, rep.inc.unknown, rep.inc.readErrors, rep.inc.ambiguous)
+	t.Logf("overlaps: %d, of which %d not excused by a pause (the longest %v); the longest excused %v",
+		len(rep.overlaps), rep.unexcused, rep.maxUnexcused, rep.maxExcused)
+	t.Logf("first write after healing: %s (limit TTL + %v = %v)", live, livenessSlack, res.cfg.ttl+livenessSlack)
+}
+
+// logFailure reports what a failing run needs to be looked into: its seed,
+// its faults and where its logs are (kept after the test).
+func (res *result) logFailure(t *testing.T) {
+	t.Helper()
+	c := clock(res.start)
+	var b strings.Builder
+	fmt.Fprintf(&b, "seed %d; times are from the start of the faults, %s; healed at %s\nfaults:\n",
+		res.cfg.seed, time.Unix(0, res.start).Format(time.RFC3339Nano), c.at(res.healed))
+	faults := slices.Clone(res.faults)
+	slices.SortFunc(faults, func(a, b fault) int { return cmp.Compare(a.From, b.From) })
+	for _, f := range faults {
+		fmt.Fprintf(&b, "  %s %-13s %-8s for %v\n", c.at(f.From), f.Kind, f.Target, span{f.From, f.To}.length().Round(time.Millisecond))
+	}
+	fmt.Fprintf(&b, "logs in %s:\n", res.logs)
+	for _, cand := range res.cands {
+		fmt.Fprintf(&b, "  %s (events; its own log is %s.log)\n", cand.events, cand.name)
+	}
+	fmt.Fprintf(&b, "  store.N.log: the store processes' logs; faults.json: the faults, wall clock ns")
+	t.Log(b.String())
+}
