@@ -32,6 +32,17 @@
 // usual. Only the store publishes notification topics, and a client may read
 // only its own.
 //
+// A request is executed only within its Message Expiry Interval, as MQTT
+// lets a broker deliver a message only until it expires [MQTT-3.3.2-5]: one
+// still waiting for the store when its expiry has passed (requests wait for
+// the store's lock, behind other clients' requests), counted from the moment
+// the broker read it, is dropped unanswered and logged with its age and
+// expiry. Its PUBACK is a success, as for any message that expired before
+// delivery. Its sender has normally given up on it by then: sskv sends the
+// time left before the request's deadline as its expiry, the official SDKs
+// their request timeout. Time that Hold keeps a request from the broker
+// does not count, as it does not for a packet delayed on the network.
+//
 // # The store's own error messages
 //
 // Every -ERR text is the service's (see wire-notes.md), except these three,

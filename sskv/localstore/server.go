@@ -423,7 +423,16 @@ func (s *Server) current(clientID string) *mqtt.Client {
 // client's read goroutine, so the requests of one connection are executed in
 // order. A non-nil result is the reason code of the request's PUBACK: the
 // request was not executed.
+//
+// A request whose Message Expiry Interval passes before it is executed,
+// counted from the moment the broker read it (see hook.OnPacketRead), is
+// dropped: not executed, not answered, and logged, as MQTT requires of a
+// message that expired before delivery [MQTT-3.3.2-5]. Its PUBACK is a
+// success, as for any such message. A request waits only for the store's
+// lock, behind other clients' requests, so its expiry is checked once it
+// holds the lock (see serve).
 func (s *Server) handleRequest(cl *mqtt.Client, pk packets.Packet) error {
+	received := receivedAt(cl)
 	n, ok := s.requests.Load(cl.ID)
 	if !ok {
 		n, _ = s.requests.LoadOrStore(cl.ID, new(atomic.Int64))
@@ -466,17 +475,38 @@ func (s *Server) handleRequest(cl *mqtt.Client, pk packets.Packet) error {
 		return nil
 	}
 
-	res := s.serve(clientRef{id: cl.ID, cl: cl}, string(cl.Properties.Username), pk.Payload, pk.Properties.User)
+	var expires time.Time
+	expiry := time.Duration(pk.Properties.MessageExpiryInterval) * time.Second
+	if expiry > 0 {
+		expires = received.Add(expiry)
+	}
+	res, ok := s.serve(clientRef{id: cl.ID, cl: cl}, string(cl.Properties.Username), pk.Payload, pk.Properties.User, expires)
+	if !ok {
+		s.log.Warn("dropped state store request: its message expiry passed before it could be executed",
+			"client", cl.ID, "age", time.Since(received), "expiry", expiry)
+		return nil
+	}
 	s.reply(cl.ID, respTopic, corr, res)
 	return nil
 }
 
-// serve parses and executes one request payload with its user properties.
-func (s *Server) serve(cl clientRef, user string, payload []byte, props []packets.UserProperty) result {
+// receivedAt returns when the broker read the PUBLISH from cl being handled,
+// or now if that is not known.
+func receivedAt(cl *mqtt.Client) time.Time {
+	if dc, ok := cl.Net.Conn.(*deadlineConn); ok && !dc.readAt.IsZero() {
+		return dc.readAt
+	}
+	return time.Now()
+}
+
+// serve parses and executes one request payload with its user properties. A
+// request that is still waiting for the store's lock at expires (zero: it
+// never expires) is not executed: serve then returns false.
+func (s *Server) serve(cl clientRef, user string, payload []byte, props []packets.UserProperty, expires time.Time) (result, bool) {
 	var argBuf [8][]byte
 	args, err := resp.ParseCommand(payload, argBuf[:0])
 	if err != nil {
-		return errResult(wire.MsgSyntaxError)
+		return errResult(wire.MsgSyntaxError), true
 	}
 	req := request{args: args, clientID: cl.id, user: user}
 	for _, p := range props {
@@ -489,7 +519,10 @@ func (s *Server) serve(cl clientRef, user string, payload []byte, props []packet
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.execute(cl, &req)
+	if !expires.IsZero() && time.Now().After(expires) {
+		return result{}, false
+	}
+	return s.execute(cl, &req), true
 }
 
 // The store's own -ERR messages, for cases the service's documentation gives
