@@ -350,7 +350,7 @@ type connRec struct {
 	cl     *mqtt.Client
 	done   chan struct{} // closed when the broker has finished with the connection
 	out    outbox        // notifications waiting to be published
-	doomed atomic.Bool   // being disconnected for not keeping up (slowClient)
+	doomed atomic.Bool   // being disconnected by the store (see cut): nothing more is queued for it
 }
 
 // takeOverTimeout bounds how long a new connection waits for the older
