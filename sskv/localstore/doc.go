@@ -45,9 +45,9 @@
 //
 // # The store's own error messages
 //
-// Every -ERR text is the service's (see wire-notes.md), except these three,
+// Every -ERR text is the service's (see wire-notes.md), except these four,
 // for cases the service documents no text for; they are this package's
-// (MsgNotQoS1, MsgNoCorrelation, MsgClockAhead):
+// (MsgNotQoS1, MsgNoCorrelation, MsgClockAhead, MsgResponseTooLarge):
 //
 //   - "requests must be published with QoS 1": a request at QoS 0.
 //   - "requests must carry correlation data": a request without it.
@@ -57,6 +57,9 @@
 //     after the store issued versions (a request stamped ahead of the store
 //     is refused with the service's "the request timestamp is too far in the
 //     future").
+//   - "the response is larger than the client's maximum packet size": the
+//     response would not fit the Maximum Packet Size the client announced
+//     (see below).
 //
 // # Slow clients and other limits
 //
@@ -84,6 +87,14 @@
 //   - A packet larger than Config.MaxPacketSize (default 4 MiB, announced in
 //     CONNACK) ends the connection; its declared length is checked before
 //     anything is allocated for it, CONNECT included.
+//   - No response from the store is larger than the Maximum Packet Size a
+//     client announced in CONNECT; MQTT would have the broker drop it
+//     without a word. One that would be is replaced by an -ERR with
+//     MsgResponseTooLarge, logged at Warn with the sizes, so the request
+//     fails at once. Sizes are computed exactly as the broker encodes the
+//     packet (2 bytes over for a client that subscribed at QoS 0); so that
+//     they do not depend on earlier messages, the broker sends no client a
+//     topic alias.
 //   - A malformed packet ends its connection, and only that: mochi v2.7.9's
 //     decoder panics on some (a truncated MQTT 5 SUBSCRIBE,
 //     mochi-mqtt/server#501), which would end the process, so the store

@@ -121,10 +121,12 @@ func (h *hook) OnACLCheck(cl *mqtt.Client, topic string, write bool) bool {
 
 // OnSessionEstablish runs when a connection has authenticated, before the
 // broker sets up its session: it waits for any older connection of the same
-// client id to be finished with (see Server.takeOver).
+// client id to be finished with (see Server.takeOver), and sets what the
+// broker sends the client (see noFlowControl and noTopicAliases).
 func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 	h.s.takeOver(cl)
 	noFlowControl(cl)
+	noTopicAliases(cl)
 }
 
 // noFlowControl switches off the broker's outbound flow control for cl, which

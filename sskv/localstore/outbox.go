@@ -5,8 +5,6 @@ import (
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
-
-	"github.com/dsslock/dsslock/sskv/internal/wire"
 )
 
 // The store never does network I/O, or waits on a client, while it holds
@@ -103,9 +101,7 @@ func (s *Server) drain(rec *connRec) {
 				s.slowClient(rec, "too many unacknowledged messages", "unacknowledged", inflight, "limit", s.cfg.MaxPendingMessages)
 				continue
 			}
-			s.publish(n.topic, n.payload, packets.Properties{
-				User: []packets.UserProperty{{Key: wire.PropTimestamp, Val: n.ts}},
-			})
+			s.publish(n.topic, n.payload, notifyProps(n.ts))
 		}
 	}
 }

@@ -467,11 +467,11 @@ func (s *Server) handleRequest(cl *mqtt.Client, pk packets.Packet) error {
 	switch {
 	case pk.FixedHeader.Qos != 1:
 		s.log.Warn("refused state store request not at QoS 1", "client", cl.ID, "qos", pk.FixedHeader.Qos)
-		s.reply(cl.ID, respTopic, corr, result{payload: resp.AppendError(nil, MsgNotQoS1)})
+		s.answer(cl, respTopic, corr, errResult(MsgNotQoS1))
 		return nil
 	case len(corr) == 0:
 		s.log.Warn("refused state store request without correlation data", "client", cl.ID)
-		s.reply(cl.ID, respTopic, corr, result{payload: resp.AppendError(nil, MsgNoCorrelation)})
+		s.answer(cl, respTopic, corr, errResult(MsgNoCorrelation))
 		return nil
 	}
 
@@ -486,7 +486,7 @@ func (s *Server) handleRequest(cl *mqtt.Client, pk packets.Packet) error {
 			"client", cl.ID, "age", time.Since(received), "expiry", expiry)
 		return nil
 	}
-	s.reply(cl.ID, respTopic, corr, res)
+	s.answer(cl, respTopic, corr, res)
 	return nil
 }
 
@@ -538,10 +538,19 @@ const (
 	// back after the store issued versions. Requests succeed again once the
 	// wall clock has caught up (or the drift allows it).
 	MsgClockAhead = "the state store's clock is more than the maximum drift ahead of its system clock, which has stepped back; retry once the system clock has caught up"
+	// MsgResponseTooLarge answers a request whose response would be larger
+	// than the Maximum Packet Size the client announced in CONNECT, which
+	// the broker would have to drop (see answer).
+	MsgResponseTooLarge = "the response is larger than the client's maximum packet size"
 )
 
 // respond publishes a response through the broker.
 func (s *Server) respond(topic string, corr []byte, res result) {
+	s.publish(topic, res.payload, responseProps(corr, res))
+}
+
+// responseProps returns the properties of the response res.
+func responseProps(corr []byte, res result) packets.Properties {
 	props := packets.Properties{
 		CorrelationData: corr,
 		ContentType:     wire.ContentType,
@@ -553,7 +562,7 @@ func (s *Server) respond(topic string, corr []byte, res result) {
 	if !res.version.IsZero() {
 		props.User = append(props.User, packets.UserProperty{Key: wire.PropTimestamp, Val: res.version.String()})
 	}
-	s.publish(topic, res.payload, props)
+	return props
 }
 
 // publish injects a QoS 1 PUBLISH from the store into the broker, which
