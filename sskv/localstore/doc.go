@@ -87,14 +87,18 @@
 //   - A packet larger than Config.MaxPacketSize (default 4 MiB, announced in
 //     CONNACK) ends the connection; its declared length is checked before
 //     anything is allocated for it, CONNECT included.
-//   - No response from the store is larger than the Maximum Packet Size a
-//     client announced in CONNECT; MQTT would have the broker drop it
-//     without a word. One that would be is replaced by an -ERR with
-//     MsgResponseTooLarge, logged at Warn with the sizes, so the request
-//     fails at once. Sizes are computed exactly as the broker encodes the
-//     packet (2 bytes over for a client that subscribed at QoS 0); so that
-//     they do not depend on earlier messages, the broker sends no client a
-//     topic alias.
+//   - Nothing from the store is larger than the Maximum Packet Size a client
+//     announced in CONNECT, which MQTT would have the broker drop without a
+//     word. A response that would be is replaced by an -ERR with
+//     MsgResponseTooLarge, so the request fails at once. A notification
+//     that would be disconnects the client with DISCONNECT 0x95 (packet too
+//     large), as a slow client is disconnected rather than left with a
+//     notification lost: a client that reconnects and reads its watched keys
+//     again (as sskv does) gets that error then. Both are logged at Warn
+//     with the sizes. Sizes are counted to the byte as the broker encodes
+//     the packet (2 bytes over for a client that subscribed at QoS 0); so
+//     that they do not depend on earlier messages, the broker sends no
+//     client a topic alias.
 //   - A malformed packet ends its connection, and only that: mochi v2.7.9's
 //     decoder panics on some (a truncated MQTT 5 SUBSCRIBE,
 //     mochi-mqtt/server#501), which would end the process, so the store

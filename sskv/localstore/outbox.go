@@ -101,7 +101,11 @@ func (s *Server) drain(rec *connRec) {
 				s.slowClient(rec, "too many unacknowledged messages", "unacknowledged", inflight, "limit", s.cfg.MaxPendingMessages)
 				continue
 			}
-			s.publish(n.topic, n.payload, notifyProps(n.ts))
+			props := notifyProps(n.ts)
+			if !s.fitsNotification(rec, n.topic, props, len(n.payload)) {
+				continue // rec is doomed: the queue is dropped
+			}
+			s.publish(n.topic, n.payload, props)
 		}
 	}
 }

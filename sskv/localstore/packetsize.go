@@ -9,13 +9,21 @@ import (
 // Packet Size), and MQTT v5 has the broker discard a larger PUBLISH to it
 // without a word [MQTT-3.1.2-25]. mochi does (it first strips the user
 // properties, so a packet a little too large could even go through without
-// its __stat or __ts). A response lost so left its request waiting for its
-// timeout, and a watch's resync retrying its GET forever.
+// its __stat or __ts). A notification lost so left the watcher believing
+// the old value, with neither the change nor a Resync; a response lost so
+// left its request waiting for its timeout, and a watch's resync retrying
+// its GET forever.
 //
-// So the store computes the size of each response as the broker will write
-// it to the client, before it publishes it, and replaces one that does not
-// fit by -ERR MsgResponseTooLarge (answer), so the request fails at once,
-// and clearly.
+// So the store computes the size of each response and notification as the
+// broker will write it to the client, before it publishes it:
+//
+//   - a response that does not fit is replaced by -ERR MsgResponseTooLarge
+//     (answer), so the request fails at once, and clearly;
+//   - a notification that does not fit disconnects its client with 0x95,
+//     packet too large (drain), as a slow client is disconnected rather
+//     than left with a notification silently lost: the client reconnects,
+//     registers its watches again and reads their keys, and so learns that
+//     the value is too large for it.
 //
 // Ordinary MQTT traffic between clients is the broker's, and is dropped as
 // MQTT says.
@@ -135,4 +143,21 @@ func (s *Server) answer(cl *mqtt.Client, topic string, corr []byte, res result) 
 		return
 	}
 	s.reply(cl.ID, topic, corr, res)
+}
+
+// fitsNotification reports whether a notification to topic with props and
+// payload fits the Maximum Packet Size of rec's client, and disconnects the
+// client with 0x95 if it does not.
+func (s *Server) fitsNotification(rec *connRec, topic string, props packets.Properties, payloadLen int) bool {
+	max := maxPacketSize(rec.cl)
+	if max == 0 {
+		return true
+	}
+	size := s.deliveredSize(rec.cl, topic, props, payloadLen, max)
+	if size <= max {
+		return true
+	}
+	s.cut(rec, codePacketTooLarge, "disconnecting client: a notification is larger than its maximum packet size",
+		"notification_bytes", size, "max_packet_size", max)
+	return false
 }

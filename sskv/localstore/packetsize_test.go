@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/dsslock/dsslock/internal/storetest"
 	"github.com/dsslock/dsslock/sskv"
 	"github.com/dsslock/dsslock/sskv/internal/resp"
+	"github.com/dsslock/dsslock/sskv/internal/wire"
 	"github.com/dsslock/dsslock/sskv/localstore"
 )
 
@@ -77,7 +79,63 @@ func largestFitting(t *testing.T, like *packets.Publish, max int, payload func(n
 	return 0, 0
 }
 
+func notifySetPayload(n int) []byte {
+	return resp.AppendCommand(nil, []byte("NOTIFY"), []byte("SET"), []byte("VALUE"), bytes.Repeat([]byte("v"), n))
+}
+
 func getPayload(n int) []byte { return resp.AppendBulk(nil, bytes.Repeat([]byte("v"), n)) }
+
+// storeLog returns a logger for a store and what it writes.
+func storeLog() (*slog.Logger, *storetest.Output) {
+	out := storetest.NewOutput()
+	return slog.New(slog.NewTextHandler(out, nil)), out
+}
+
+// TestNotificationSizeBoundary: a watcher that announced a Maximum Packet
+// Size gets a notification of exactly that size; the next one, one byte
+// larger, it is disconnected for, with DISCONNECT 0x95 (packet too large)
+// and a line in the store's log, instead of losing it without a word, as
+// the broker drops a PUBLISH larger than a client accepts. The watcher
+// used to be left believing the old value.
+func TestNotificationSizeBoundary(t *testing.T) {
+	logger, log := storeLog()
+	srv := startStore(t, localstore.Config{Logger: logger})
+	writer := connect(t, srv)
+	w := dialRaw(t, srv.Addr(), 0)
+	w.connectMax("small-watcher", smallPacket, 0)
+	w.watch("small-watcher/response", "k")
+	topic := wire.NotifyTopic("small-watcher", []byte("k"))
+
+	mustPayload(t, writer.do(cmd("SET", "k", "v")), okResp)
+	n, size := largestFitting(t, w.nextPublish(topic), smallPacket, notifySetPayload)
+	if size != smallPacket {
+		t.Fatalf("test setup: no notification of exactly %d bytes (%d bytes for a value of %d)", smallPacket, size, n)
+	}
+
+	mustPayload(t, writer.do(cmd("SET", "k", strings.Repeat("v", n))), okResp)
+	if p := w.nextPublish(topic); wireSize(t, p) != smallPacket || !bytes.Equal(p.Payload, notifySetPayload(n)) {
+		t.Fatalf("notification of %d bytes, payload %.40q...; want %d bytes", wireSize(t, p), p.Payload, smallPacket)
+	}
+
+	mustPayload(t, writer.do(cmd("SET", "k", strings.Repeat("v", n+1))), okResp)
+	var disc *packets.Disconnect
+	for {
+		p, err := w.tryRead()
+		if err != nil {
+			break
+		}
+		switch x := p.Content.(type) {
+		case *packets.Publish:
+			t.Errorf("got a PUBLISH of %d bytes on %q beyond the maximum %d", wireSize(t, x), x.Topic, smallPacket)
+		case *packets.Disconnect:
+			disc = x
+		}
+	}
+	if disc == nil || disc.ReasonCode != 0x95 {
+		t.Fatalf("DISCONNECT %+v, want reason 0x95 (packet too large)", disc)
+	}
+	log.WaitFor(t, regexp.MustCompile(`disconnecting client: a notification is larger than its maximum packet size.*client=small-watcher.*notification_bytes=1025 max_packet_size=1024`))
+}
 
 // TestResponseSizeBoundary: a response of exactly the Maximum Packet Size
 // the client announced is delivered; one byte more, and the request is
@@ -168,6 +226,45 @@ func isTooLarge(err error) bool {
 	return errors.As(err, &se) && se.Message == localstore.MsgResponseTooLarge
 }
 
+// TestWatchOfTooLargeValueEnds: an sskv watcher whose key is set to a value
+// too large for its client is not left silent, believing the old value:
+// the store disconnects the client, which reconnects and reads the key
+// again, gets MsgResponseTooLarge, and ends the watch with it. The client
+// goes on.
+func TestWatchOfTooLargeValueEnds(t *testing.T) {
+	logger, log := storeLog()
+	srv := startStore(t, localstore.Config{Logger: logger})
+	ctx := storetest.Ctx(t)
+	small := dialSmall(t, srv, nil)
+	writer := storetest.Dial(t, srv.Addr())
+	w, err := small.Watch(ctx, "big")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := writer.Set(ctx, "big", bytes.Repeat([]byte("v"), 2*smallPacket), sskv.SetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	timeout := time.After(waitTimeout)
+	for ended := false; !ended; {
+		select {
+		case ev, ok := <-w.Events():
+			if ok {
+				t.Fatalf("event %v %q... of a value larger than the client accepts", ev.Op, ev.Value[:min(len(ev.Value), 20)])
+			}
+			ended = true
+		case <-timeout:
+			t.Fatalf("the watch of a key set to a value too large for its client neither ended nor reported anything in %v", waitTimeout)
+		}
+	}
+	if err := w.Err(); !isTooLarge(err) {
+		t.Fatalf("Watcher.Err() = %v, want the store's %q", err, localstore.MsgResponseTooLarge)
+	}
+	log.WaitFor(t, regexp.MustCompile(`a notification is larger than its maximum packet size`))
+	if _, err := small.Set(ctx, "small", []byte("v"), sskv.SetOptions{}); err != nil {
+		t.Fatalf("the client does not go on: %v", err)
+	}
+}
+
 // TestGetOfTooLargeValueFails: an sskv GET of a value too large for its
 // client fails at once with MsgResponseTooLarge. The broker used to drop
 // the response, and the GET waited for its timeout.
@@ -185,5 +282,66 @@ func TestGetOfTooLargeValueFails(t *testing.T) {
 	_, err := small.Get(getCtx, "big")
 	if took := time.Since(start); !isTooLarge(err) || took > promptBound {
 		t.Fatalf("GET of a value too large for the client: %v after %v, want the store's %q at once", err, took, localstore.MsgResponseTooLarge)
+	}
+}
+
+// TestFittingClientNotDisconnected: a client with a small Maximum Packet
+// Size that is sent nothing too large for it is never disconnected, while
+// other clients read, write and watch values far larger than it accepts.
+func TestFittingClientNotDisconnected(t *testing.T) {
+	logger, log := storeLog()
+	srv := startStore(t, localstore.Config{Logger: logger})
+	ctx := storetest.Ctx(t)
+	clientLog := storetest.NewOutput()
+	small := dialSmall(t, srv, slog.New(slog.NewTextHandler(clientLog, nil)))
+	big := storetest.Dial(t, srv.Addr())
+	smallW, err := small.Watch(ctx, "small")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bigW, err := big.Watch(ctx, "big")
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := func(w *sskv.Watcher) sskv.Event {
+		t.Helper()
+		select {
+		case ev, ok := <-w.Events():
+			if !ok {
+				t.Fatalf("watch of %q ended: %v", w.Key(), w.Err())
+			}
+			return ev
+		case <-time.After(waitTimeout):
+			t.Fatalf("no event for %q", w.Key())
+			return sskv.Event{}
+		}
+	}
+	for i := range 20 {
+		large := bytes.Repeat([]byte{byte('a' + i)}, 64<<10)
+		if _, err := big.Set(ctx, "big", large, sskv.SetOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if ev := next(bigW); !bytes.Equal(ev.Value, large) || ev.Resync {
+			t.Fatalf("big watcher: %v %d bytes (resync %v)", ev.Op, len(ev.Value), ev.Resync)
+		}
+		if g, err := big.Get(ctx, "big"); err != nil || !bytes.Equal(g.Value, large) {
+			t.Fatalf("big GET: %d bytes, %v", len(g.Value), err)
+		}
+		value := bytes.Repeat([]byte{byte('a' + i)}, 512)
+		if _, err := big.Set(ctx, "small", value, sskv.SetOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if ev := next(smallW); !bytes.Equal(ev.Value, value) || ev.Resync {
+			t.Fatalf("small watcher: %v %d bytes (resync %v)", ev.Op, len(ev.Value), ev.Resync)
+		}
+		if g, err := small.Get(ctx, "small"); err != nil || !bytes.Equal(g.Value, value) {
+			t.Fatalf("small GET: %d bytes, %v", len(g.Value), err)
+		}
+	}
+	if s := log.String(); strings.Contains(s, "disconnecting client") {
+		t.Errorf("the store disconnected a client:\n%s", s)
+	}
+	if s := clientLog.String(); strings.Contains(s, "disconnected") || strings.Contains(s, "connection lost") {
+		t.Errorf("the small client lost its connection:\n%s", s)
 	}
 }
