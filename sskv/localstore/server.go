@@ -356,9 +356,10 @@ func (s *Server) disconnect(clientID string, how func(*mqtt.Client)) error {
 
 // Requests returns how many requests (PUBLISHes to the state store's invoke
 // topic) the client with the given id has sent since the store started,
-// executed or refused, over all its connections. Tests of clients use it to
-// check what a client sends: a lock waiter, say, must send nothing while the
-// holder keeps renewing.
+// executed, refused or dropped as expired, over all its connections; a
+// request is counted once the broker has read it, before it waits for the
+// store's lock. Tests of clients use it to check what a client sends: a lock
+// waiter, say, must send nothing while the holder keeps renewing.
 func (s *Server) Requests(clientID string) int64 {
 	if n, ok := s.requests.Load(clientID); ok {
 		return n.(*atomic.Int64).Load()
