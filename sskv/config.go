@@ -72,11 +72,22 @@ type Config struct {
 
 	// MaxPacketSize is the largest MQTT packet the client accepts from the
 	// broker, in bytes, fixed header included. It is announced in CONNECT
-	// (Maximum Packet Size), so a conforming broker never sends more (it
-	// drops a larger message, e.g. a response with a huge value, and the
-	// request then times out); a packet that declares more ends the
-	// connection before anything is allocated for it ([ErrPacketTooLarge]).
-	// From 1 KiB to 268435460 (the MQTT maximum). Default 16 MiB.
+	// (Maximum Packet Size), so a conforming broker never sends more; a
+	// packet that declares more ends the connection before anything is
+	// allocated for it ([ErrPacketTooLarge]). From 1 KiB to 268435460 (the
+	// MQTT maximum). Default 16 MiB.
+	//
+	// What a smaller MaxPacketSize costs: a value whose response or
+	// notification does not fit in it can be neither read nor watched. A
+	// message's topic, properties and framing take about 220 bytes with the
+	// default ClientID (more with a longer one), a notification's also
+	// twice the key's length. Against the local state store (package
+	// localstore) a GET of such a value fails at once with a
+	// *[ServiceError], and a watcher of a key set to it is disconnected,
+	// then ended with that error ([Watcher.Err]) when it reads the key again
+	// after the reconnect. Against the deployed broker the broker drops the
+	// message: the GET times out, and the watcher misses the change without
+	// a word.
 	MaxPacketSize int
 
 	// FailFast makes Dial give up after the first connection attempt that

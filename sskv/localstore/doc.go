@@ -32,11 +32,22 @@
 // usual. Only the store publishes notification topics, and a client may read
 // only its own.
 //
+// A request is executed only within its Message Expiry Interval, as MQTT
+// lets a broker deliver a message only until it expires [MQTT-3.3.2-5]: one
+// still waiting for the store when its expiry has passed (requests wait for
+// the store's lock, behind other clients' requests), counted from the moment
+// the broker read it, is dropped unanswered and logged with its age and
+// expiry. Its PUBACK is a success, as for any message that expired before
+// delivery. Its sender has normally given up on it by then: sskv sends the
+// time left before the request's deadline as its expiry, the official SDKs
+// their request timeout. Time that Hold keeps a request from the broker
+// does not count, as it does not for a packet delayed on the network.
+//
 // # The store's own error messages
 //
-// Every -ERR text is the service's (see wire-notes.md), except these three,
+// Every -ERR text is the service's (see wire-notes.md), except these four,
 // for cases the service documents no text for; they are this package's
-// (MsgNotQoS1, MsgNoCorrelation, MsgClockAhead):
+// (MsgNotQoS1, MsgNoCorrelation, MsgClockAhead, MsgResponseTooLarge):
 //
 //   - "requests must be published with QoS 1": a request at QoS 0.
 //   - "requests must carry correlation data": a request without it.
@@ -46,6 +57,9 @@
 //     after the store issued versions (a request stamped ahead of the store
 //     is refused with the service's "the request timestamp is too far in the
 //     future").
+//   - "the response is larger than the client's maximum packet size": the
+//     response would not fit the Maximum Packet Size the client announced
+//     (see below).
 //
 // # Slow clients and other limits
 //
@@ -73,6 +87,18 @@
 //   - A packet larger than Config.MaxPacketSize (default 4 MiB, announced in
 //     CONNACK) ends the connection; its declared length is checked before
 //     anything is allocated for it, CONNECT included.
+//   - Nothing from the store is larger than the Maximum Packet Size a client
+//     announced in CONNECT, which MQTT would have the broker drop without a
+//     word. A response that would be is replaced by an -ERR with
+//     MsgResponseTooLarge, so the request fails at once. A notification
+//     that would be disconnects the client with DISCONNECT 0x95 (packet too
+//     large), as a slow client is disconnected rather than left with a
+//     notification lost: a client that reconnects and reads its watched keys
+//     again (as sskv does) gets that error then. Both are logged at Warn
+//     with the sizes. Sizes are counted to the byte as the broker encodes
+//     the packet (2 bytes over for a client that subscribed at QoS 0); so
+//     that they do not depend on earlier messages, the broker sends no
+//     client a topic alias.
 //   - A malformed packet ends its connection, and only that: mochi v2.7.9's
 //     decoder panics on some (a truncated MQTT 5 SUBSCRIBE,
 //     mochi-mqtt/server#501), which would end the process, so the store

@@ -2,6 +2,7 @@ package localstore
 
 import (
 	"testing"
+	"time"
 
 	"github.com/mochi-mqtt/server/v2/packets"
 
@@ -61,7 +62,7 @@ func FuzzServe(f *testing.F) {
 		}
 		srv.mu.Unlock()
 
-		res := srv.serve(clientRef{id: "fuzz"}, "", payload, props)
+		res, _ := srv.serve(clientRef{id: "fuzz"}, "", payload, props, time.Time{})
 
 		r, err := resp.ParseReply(res.payload)
 		if err != nil {

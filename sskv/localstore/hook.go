@@ -3,6 +3,7 @@ package localstore
 import (
 	"crypto/subtle"
 	"strings"
+	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
@@ -63,10 +64,15 @@ func (h *hook) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) bool {
 	return true
 }
 
-// OnPacketRead gives each QoS 1 PUBLISH from a client a packet id of the
-// store's choosing, so that the broker's handling of it cannot remove a
-// message to the client from the client's session (see packetid.go).
+// OnPacketRead notes when each PUBLISH from a client was read, the moment
+// its Message Expiry Interval counts from (see Server.handleRequest), and
+// gives each QoS 1 PUBLISH a packet id of the store's choosing, so that the
+// broker's handling of it cannot remove a message to the client from the
+// client's session (see packetid.go).
 func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
+	if dc, ok := cl.Net.Conn.(*deadlineConn); ok && pk.FixedHeader.Type == packets.Publish {
+		dc.readAt = time.Now()
+	}
 	return renumberInbound(cl, pk), nil
 }
 
@@ -115,10 +121,12 @@ func (h *hook) OnACLCheck(cl *mqtt.Client, topic string, write bool) bool {
 
 // OnSessionEstablish runs when a connection has authenticated, before the
 // broker sets up its session: it waits for any older connection of the same
-// client id to be finished with (see Server.takeOver).
+// client id to be finished with (see Server.takeOver), and sets what the
+// broker sends the client (see noFlowControl and noTopicAliases).
 func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 	h.s.takeOver(cl)
 	noFlowControl(cl)
+	noTopicAliases(cl)
 }
 
 // noFlowControl switches off the broker's outbound flow control for cl, which

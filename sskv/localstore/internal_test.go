@@ -45,8 +45,9 @@ func TestLazyExpiryOrder(t *testing.T) {
 		for i, a := range args {
 			b[i] = []byte(a)
 		}
-		return srv.serve(clientRef{id: "watcher"}, "", resp.AppendCommand(nil, b...),
-			[]packets.UserProperty{{Key: "__ts", Val: clock.Now().String()}})
+		res, _ := srv.serve(clientRef{id: "watcher"}, "", resp.AppendCommand(nil, b...),
+			[]packets.UserProperty{{Key: "__ts", Val: clock.Now().String()}}, time.Time{})
+		return res
 	}
 	do("KEYNOTIFY", "lease")
 	do("SET", "lease", "me", "PX", "3600000")

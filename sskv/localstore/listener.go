@@ -228,6 +228,7 @@ type deadlineConn struct {
 	gate    gate
 	lastOut atomic.Uint32               // packet id of the newest QoS message to the client (see packetid.go)
 	inbound atomic.Uint32               // the QoS 1 PUBLISH from the client being handled (see setInbound)
+	readAt  time.Time                   // when the PUBLISH being handled was read; only the connection's read goroutine uses it
 	client  atomic.Pointer[mqtt.Client] // the broker's client, once its session is set up
 }
 
@@ -349,7 +350,7 @@ type connRec struct {
 	cl     *mqtt.Client
 	done   chan struct{} // closed when the broker has finished with the connection
 	out    outbox        // notifications waiting to be published
-	doomed atomic.Bool   // being disconnected for not keeping up (slowClient)
+	doomed atomic.Bool   // being disconnected by the store (see cut): nothing more is queued for it
 }
 
 // takeOverTimeout bounds how long a new connection waits for the older

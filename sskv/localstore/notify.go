@@ -94,6 +94,11 @@ func (s *Server) publishNotify(clientID, key string, payload []byte, ts string) 
 	s.notify(rec, note{topic: wire.NotifyTopic(clientID, []byte(key)), payload: payload, ts: ts})
 }
 
+// notifyProps returns the properties of a notification stamped ts.
+func notifyProps(ts string) packets.Properties {
+	return packets.Properties{User: []packets.UserProperty{{Key: wire.PropTimestamp, Val: ts}}}
+}
+
 // isOwnNotifyTopic reports whether topic (or filter) under the notification
 // prefix may be read by cl: only its own notifications, or a filter whose
 // client part is a wildcard (deliveries are then checked topic by topic).

@@ -5,8 +5,6 @@ import (
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
-
-	"github.com/dsslock/dsslock/sskv/internal/wire"
 )
 
 // The store never does network I/O, or waits on a client, while it holds
@@ -103,9 +101,11 @@ func (s *Server) drain(rec *connRec) {
 				s.slowClient(rec, "too many unacknowledged messages", "unacknowledged", inflight, "limit", s.cfg.MaxPendingMessages)
 				continue
 			}
-			s.publish(n.topic, n.payload, packets.Properties{
-				User: []packets.UserProperty{{Key: wire.PropTimestamp, Val: n.ts}},
-			})
+			props := notifyProps(n.ts)
+			if !s.fitsNotification(rec, n.topic, props, len(n.payload)) {
+				continue // rec is doomed: the queue is dropped
+			}
+			s.publish(n.topic, n.payload, props)
 		}
 	}
 }
@@ -115,18 +115,23 @@ var codeSlowClient = packets.ErrQuotaExceeded // 0x97
 
 // slowClient disconnects a connection that cannot keep up with what the
 // store and the broker send it, with DISCONNECT 0x97 (quota exceeded), once.
-// It never blocks: the DISCONNECT waits for the connection's lock, which a
-// write to a full socket holds for up to Config.WriteTimeout.
 func (s *Server) slowClient(rec *connRec, why string, attrs ...any) {
+	s.cut(rec, codeSlowClient, "disconnecting client that cannot keep up: "+why, attrs...)
+}
+
+// cut disconnects the connection rec with DISCONNECT code, unless the store
+// is disconnecting it already, and logs msg with attrs. It never blocks: the
+// DISCONNECT waits for the connection's lock, which a write to a full socket
+// holds for up to Config.WriteTimeout.
+func (s *Server) cut(rec *connRec, code packets.Code, msg string, attrs ...any) {
 	if !rec.doomed.CompareAndSwap(false, true) {
 		return
 	}
-	s.log.Warn("disconnecting client that cannot keep up: "+why,
-		append([]any{"client", rec.id, "remote", rec.cl.Net.Remote}, attrs...)...)
+	s.log.Warn(msg, append([]any{"client", rec.id, "remote", rec.cl.Net.Remote}, attrs...)...)
 	s.bg.Add(1)
 	go func() {
 		defer s.bg.Done()
-		_ = s.broker.DisconnectClient(rec.cl, codeSlowClient)
+		_ = s.broker.DisconnectClient(rec.cl, code)
 	}()
 }
 

@@ -356,9 +356,10 @@ func (s *Server) disconnect(clientID string, how func(*mqtt.Client)) error {
 
 // Requests returns how many requests (PUBLISHes to the state store's invoke
 // topic) the client with the given id has sent since the store started,
-// executed or refused, over all its connections. Tests of clients use it to
-// check what a client sends: a lock waiter, say, must send nothing while the
-// holder keeps renewing.
+// executed, refused or dropped as expired, over all its connections; a
+// request is counted once the broker has read it, before it waits for the
+// store's lock. Tests of clients use it to check what a client sends: a lock
+// waiter, say, must send nothing while the holder keeps renewing.
 func (s *Server) Requests(clientID string) int64 {
 	if n, ok := s.requests.Load(clientID); ok {
 		return n.(*atomic.Int64).Load()
@@ -423,7 +424,16 @@ func (s *Server) current(clientID string) *mqtt.Client {
 // client's read goroutine, so the requests of one connection are executed in
 // order. A non-nil result is the reason code of the request's PUBACK: the
 // request was not executed.
+//
+// A request whose Message Expiry Interval passes before it is executed,
+// counted from the moment the broker read it (see hook.OnPacketRead), is
+// dropped: not executed, not answered, and logged, as MQTT requires of a
+// message that expired before delivery [MQTT-3.3.2-5]. Its PUBACK is a
+// success, as for any such message. A request waits only for the store's
+// lock, behind other clients' requests, so its expiry is checked once it
+// holds the lock (see serve).
 func (s *Server) handleRequest(cl *mqtt.Client, pk packets.Packet) error {
+	received := receivedAt(cl)
 	n, ok := s.requests.Load(cl.ID)
 	if !ok {
 		n, _ = s.requests.LoadOrStore(cl.ID, new(atomic.Int64))
@@ -458,25 +468,46 @@ func (s *Server) handleRequest(cl *mqtt.Client, pk packets.Packet) error {
 	switch {
 	case pk.FixedHeader.Qos != 1:
 		s.log.Warn("refused state store request not at QoS 1", "client", cl.ID, "qos", pk.FixedHeader.Qos)
-		s.reply(cl.ID, respTopic, corr, result{payload: resp.AppendError(nil, MsgNotQoS1)})
+		s.answer(cl, respTopic, corr, errResult(MsgNotQoS1))
 		return nil
 	case len(corr) == 0:
 		s.log.Warn("refused state store request without correlation data", "client", cl.ID)
-		s.reply(cl.ID, respTopic, corr, result{payload: resp.AppendError(nil, MsgNoCorrelation)})
+		s.answer(cl, respTopic, corr, errResult(MsgNoCorrelation))
 		return nil
 	}
 
-	res := s.serve(clientRef{id: cl.ID, cl: cl}, string(cl.Properties.Username), pk.Payload, pk.Properties.User)
-	s.reply(cl.ID, respTopic, corr, res)
+	var expires time.Time
+	expiry := time.Duration(pk.Properties.MessageExpiryInterval) * time.Second
+	if expiry > 0 {
+		expires = received.Add(expiry)
+	}
+	res, ok := s.serve(clientRef{id: cl.ID, cl: cl}, string(cl.Properties.Username), pk.Payload, pk.Properties.User, expires)
+	if !ok {
+		s.log.Warn("dropped state store request: its message expiry passed before it could be executed",
+			"client", cl.ID, "age", time.Since(received), "expiry", expiry)
+		return nil
+	}
+	s.answer(cl, respTopic, corr, res)
 	return nil
 }
 
-// serve parses and executes one request payload with its user properties.
-func (s *Server) serve(cl clientRef, user string, payload []byte, props []packets.UserProperty) result {
+// receivedAt returns when the broker read the PUBLISH from cl being handled,
+// or now if that is not known.
+func receivedAt(cl *mqtt.Client) time.Time {
+	if dc, ok := cl.Net.Conn.(*deadlineConn); ok && !dc.readAt.IsZero() {
+		return dc.readAt
+	}
+	return time.Now()
+}
+
+// serve parses and executes one request payload with its user properties. A
+// request that is still waiting for the store's lock at expires (zero: it
+// never expires) is not executed: serve then returns false.
+func (s *Server) serve(cl clientRef, user string, payload []byte, props []packets.UserProperty, expires time.Time) (result, bool) {
 	var argBuf [8][]byte
 	args, err := resp.ParseCommand(payload, argBuf[:0])
 	if err != nil {
-		return errResult(wire.MsgSyntaxError)
+		return errResult(wire.MsgSyntaxError), true
 	}
 	req := request{args: args, clientID: cl.id, user: user}
 	for _, p := range props {
@@ -489,7 +520,10 @@ func (s *Server) serve(cl clientRef, user string, payload []byte, props []packet
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.execute(cl, &req)
+	if !expires.IsZero() && time.Now().After(expires) {
+		return result{}, false
+	}
+	return s.execute(cl, &req), true
 }
 
 // The store's own -ERR messages, for cases the service's documentation gives
@@ -505,10 +539,19 @@ const (
 	// back after the store issued versions. Requests succeed again once the
 	// wall clock has caught up (or the drift allows it).
 	MsgClockAhead = "the state store's clock is more than the maximum drift ahead of its system clock, which has stepped back; retry once the system clock has caught up"
+	// MsgResponseTooLarge answers a request whose response would be larger
+	// than the Maximum Packet Size the client announced in CONNECT, which
+	// the broker would have to drop (see answer).
+	MsgResponseTooLarge = "the response is larger than the client's maximum packet size"
 )
 
 // respond publishes a response through the broker.
 func (s *Server) respond(topic string, corr []byte, res result) {
+	s.publish(topic, res.payload, responseProps(corr, res))
+}
+
+// responseProps returns the properties of the response res.
+func responseProps(corr []byte, res result) packets.Properties {
 	props := packets.Properties{
 		CorrelationData: corr,
 		ContentType:     wire.ContentType,
@@ -520,7 +563,7 @@ func (s *Server) respond(topic string, corr []byte, res result) {
 	if !res.version.IsZero() {
 		props.User = append(props.User, packets.UserProperty{Key: wire.PropTimestamp, Val: res.version.String()})
 	}
-	s.publish(topic, res.payload, props)
+	return props
 }
 
 // publish injects a QoS 1 PUBLISH from the store into the broker, which
