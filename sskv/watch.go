@@ -360,7 +360,7 @@ func (c *Client) resyncWatches(cn *Conn) {
 	}
 	if err := c.state.Load().notifyErr; err != nil {
 		for _, reg := range regs {
-			c.endRegistration(reg, err)
+			c.endRegistration(reg, err, false)
 		}
 		return
 	}
@@ -393,7 +393,7 @@ func (c *Client) resyncOne(reg *registration, cn *Conn) {
 		var se *ServiceError
 		if errors.As(err, &se) {
 			c.log.Warn("watch refused on re-registration", "key", reg.key, "error", err)
-			c.endRegistration(reg, err)
+			c.endRegistration(reg, err, true) // its KEYNOTIFY may have been applied
 			return
 		}
 		c.log.Debug("watch re-registration failed; retrying", "key", reg.key, "error", err)
@@ -408,10 +408,17 @@ func (c *Client) resyncOne(reg *registration, cn *Conn) {
 }
 
 // endRegistration ends every watcher of reg with err.
-func (c *Client) endRegistration(reg *registration, err error) {
+// With unregister, it also ends the service's watch (KEYNOTIFY STOP), as
+// the last watcher's Stop does.
+func (c *Client) endRegistration(reg *registration, err error, unregister bool) {
 	c.wmu.Lock()
+	var stopped chan struct{}
 	if c.regs[reg.key] == reg {
 		delete(c.regs, reg.key)
+		if unregister && !c.closed.Load() {
+			stopped = make(chan struct{})
+			c.stopping[reg.key] = stopped
+		}
 	}
 	reg.err = err
 	if reg.initial {
@@ -422,6 +429,13 @@ func (c *Client) endRegistration(reg *registration, err error) {
 	c.wmu.Unlock()
 	for _, w := range ws {
 		w.end(err, false)
+	}
+	if stopped != nil {
+		c.sendStop(reg.key)
+		c.wmu.Lock()
+		delete(c.stopping, reg.key)
+		c.wmu.Unlock()
+		close(stopped)
 	}
 }
 

@@ -263,6 +263,9 @@ func TestWatchOfTooLargeValueEnds(t *testing.T) {
 	if _, err := small.Set(ctx, "small", []byte("v"), sskv.SetOptions{}); err != nil {
 		t.Fatalf("the client does not go on: %v", err)
 	}
+	// The ended watch is unregistered: the next too-large SET leaves the
+	// client alone.
+	storetest.Eventually(t, "the store to stop watching big for the client", func() bool { return !srv.Watching(small.ID(), "big") })
 }
 
 // TestGetOfTooLargeValueFails: an sskv GET of a value too large for its
