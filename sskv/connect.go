@@ -598,17 +598,13 @@ func (c *Client) setup(gen uint64, sessionPresent bool) {
 		}
 	}
 	// Requests handed to an earlier connection can be answered only through
-	// the resumed session, and the broker delivered what it held for the
-	// client before it acknowledged the subscription. Those bound to the
-	// lost connection are never sent again (see sessionStore), and nothing
-	// is sent again when the session is gone: their outcome is unknown.
-	if n := c.failPending(func(p *pending) bool {
-		g := p.gen.Load()
-		return g != 0 && g < gen && (p.bound || !sessionPresent)
-	}, ErrConnectionLost); n > 0 {
-		if sessionPresent {
-			c.log.Debug("requests bound to the lost connection have an unknown outcome", "requests", n)
-		} else {
+	// the resumed session; nothing is sent again when the session is gone:
+	// their outcome is unknown.
+	if !sessionPresent {
+		if n := c.failPending(func(p *pending) bool {
+			g := p.gen.Load()
+			return g != 0 && g < gen
+		}, ErrConnectionLost); n > 0 {
 			c.log.Warn("session lost on reconnect: requests in flight have an unknown outcome", "requests", n)
 		}
 	}
@@ -624,7 +620,44 @@ func (c *Client) setup(gen uint64, sessionPresent bool) {
 		} else {
 			c.log.Debug("connection ready", "connection", gen, "sessionPresent", sessionPresent)
 		}
+		if sessionPresent {
+			c.spawn(func() { c.failOrphans(st.conn) })
+		}
 		c.resyncWatches(st.conn)
+	}
+}
+
+// failOrphans fails, with ErrConnectionLost, the requests bound to a
+// connection before cn that are still unanswered: they are never sent
+// again (see sessionStore), so only the resumed session could have brought
+// their answers. The broker delivers what it held for the client as soon
+// as the session resumes, before anything sent on cn is answered, but paho
+// routes incoming PUBLISHes on a goroutine of its own, behind the packets
+// it reads: so the answer to a request sent on cn, routed in that same
+// order, proves that everything the session brought has been routed. The
+// request is a harmless read (a GET of an empty key, which the service
+// refuses). Were its answer to fail, the orphans fail anyway.
+func (c *Client) failOrphans(cn *Conn) {
+	orphan := func(p *pending) bool {
+		g := p.gen.Load()
+		return p.bound && g != 0 && g < cn.gen
+	}
+	c.pmu.Lock()
+	found := false
+	for _, p := range c.pending {
+		if found = orphan(p); found {
+			break
+		}
+	}
+	c.pmu.Unlock()
+	if !found {
+		return
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.RequestTimeout)
+	_, _ = c.doRequest(ctx, cn, verbRaw, command(nil, "GET", ""), func(u paho.UserProperties) paho.UserProperties { return u })
+	cancel()
+	if n := c.failPending(orphan, ErrConnectionLost); n > 0 {
+		c.log.Debug("requests bound to the lost connection have an unknown outcome", "requests", n)
 	}
 }
 

@@ -422,11 +422,14 @@ func (c *Client) exchange(ctx context.Context, pin *Conn, p *pending, corr [16]b
 		} else {
 			st, err = c.waitReady(ctx, lastGen)
 		}
+		if err == nil && ctx.Err() != nil {
+			err = ctx.Err() // its caller has given up: it must not go out now
+		}
 		if err != nil {
 			if !c.unregister(corr) {
 				return <-p.ch, nil
 			}
-			if pin == nil && ctx.Err() != nil {
+			if ctx.Err() != nil {
 				err = c.ctxError(ctx, p)
 			}
 			return result{}, err
@@ -439,15 +442,19 @@ func (c *Client) exchange(ctx context.Context, pin *Conn, p *pending, corr [16]b
 			c.pmu.Unlock()
 		}
 		done := make(chan pubResult, 1)
-		if !c.spawn(func() {
-			pr, err := c.cm.Publish(ctx, pub)
+		unbind := func() {
 			if pin != nil {
 				c.pmu.Lock()
 				delete(c.bound, corr)
 				c.pmu.Unlock()
 			}
+		}
+		if !c.spawn(func() {
+			pr, err := c.cm.Publish(ctx, pub)
+			unbind()
 			done <- pubResult{pr, err}
 		}) {
+			unbind()
 			done <- pubResult{err: ErrClosed}
 		}
 		var pr *paho.PublishResponse

@@ -3,6 +3,7 @@ package sskv_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -337,5 +338,70 @@ func TestStaleNotificationAfterResync(t *testing.T) {
 	}
 	if last.Op != sskv.OpDelete {
 		t.Fatalf("the last event before v3 was %+v; want the deletion", last)
+	}
+}
+
+// TestBoundAnswerFromResumedSession: a request bound to a connection that
+// was executed, but whose answer was held when the connection dropped, gets
+// that answer from the resumed session: it is not failed as lost before the
+// client has routed what the session brought. (Each round has a client of
+// its own, so that nothing of an earlier round is in flight when the
+// store's writes to it are held.)
+func TestBoundAnswerFromResumedSession(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	other := dial(t, srv)
+	ctx := testCtx(t)
+	for i := range 100 {
+		// No keep-alive ping in the way: a PINGRESP held with the responses
+		// would stop the store reading the connection.
+		c := dial(t, srv, func(cfg *sskv.Config) { cfg.KeepAlive = time.Minute })
+		cn, err := c.Connection(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := srv.Hold(c.ID(), localstore.FromStore); err != nil {
+			t.Fatal(err)
+		}
+		value := fmt.Sprint(i)
+		done := make(chan error, 1)
+		go func() {
+			_, err := cn.Set(ctx, "k", []byte(value), sskv.SetOptions{})
+			done <- err
+		}()
+		eventually(t, "the SET to be applied", func() bool {
+			g, err := other.Get(ctx, "k")
+			return err == nil && string(g.Value) == value
+		})
+		if err := srv.Drop(c.ID()); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("round %d: an executed bound SET whose answer the resumed session delivers: %v", i, err)
+		}
+		_ = c.Close()
+	}
+}
+
+// TestEndedContextNotSent: a request whose context has ended is not sent.
+func TestEndedContextNotSent(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	c := dial(t, srv)
+	ctx := testCtx(t)
+	cn, err := c.Connection(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent := srv.Requests(c.ID())
+	ended, cancel := context.WithDeadline(ctx, time.Now().Add(-time.Second))
+	defer cancel()
+	if _, err := cn.Set(ended, "bound", []byte("v"), sskv.SetOptions{}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("bound Set with an ended context: %v", err)
+	}
+	if _, err := c.Set(ended, "unbound", []byte("v"), sskv.SetOptions{}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Set with an ended context: %v", err)
+	}
+	reconnected(t, c)
+	if n := srv.Requests(c.ID()) - sent; n != 1 {
+		t.Fatalf("the store got %d requests; want only the marker", n)
 	}
 }

@@ -20,7 +20,7 @@ const (
 	verbVDel
 	verbKeyNotify
 	verbKeyNotifyStop
-	verbRaw // a test's raw request: any reply is accepted
+	verbRaw // a raw request (a test's, or the client's own probe): any reply is accepted
 	numVerbs
 )
 
