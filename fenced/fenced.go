@@ -43,6 +43,18 @@ type TokenSource interface {
 	Fenced(token hlc.Timestamp, err error)
 }
 
+// ConnSource is a TokenSource that also gives the connection its holding
+// last saw its key on (a *lock.Lock, a leader term): FencingConn confirms
+// the key first after a reconnect. A Writer on the same client sends the
+// writes of such a source through that connection, so that none of them
+// crosses an outage the holding has not checked: after a store restart
+// that lost the lock's key, say, the holding ends before any of its fenced
+// writes goes out.
+type ConnSource interface {
+	TokenSource
+	FencingConn(ctx context.Context) (hlc.Timestamp, *sskv.Conn, error)
+}
+
 // Writer writes keys through an sskv client, fenced with the token of its
 // source. It is safe for concurrent use.
 type Writer struct {
@@ -50,22 +62,52 @@ type Writer struct {
 	src TokenSource
 }
 
-// New returns a Writer that writes through c with src's token.
+// New returns a Writer that writes through c with src's token. If src is a
+// ConnSource, every write waits for src to have confirmed its key after a
+// reconnect, and goes through the connection src gives when it is one of c's
+// (as when the Writer uses its lock's client).
 func New(c *sskv.Client, src TokenSource) *Writer {
 	return &Writer{c: c, src: src}
 }
 
-// token returns the source's token, or an error wrapping ErrStale (or
-// ErrNoToken).
-func (w *Writer) token(op, key string) (hlc.Timestamp, error) {
-	t, err := w.src.FencingToken()
+// store is what a write is sent through: the client, or one connection of
+// it.
+type store interface {
+	Get(ctx context.Context, key string) (sskv.GetResult, error)
+	Set(ctx context.Context, key string, value []byte, opts sskv.SetOptions) (sskv.SetResult, error)
+	Del(ctx context.Context, key string, opts sskv.DelOptions) (sskv.DelResult, error)
+	VDel(ctx context.Context, key string, value []byte, opts sskv.DelOptions) (sskv.DelResult, error)
+}
+
+// token returns the source's token and what to send the write through, or
+// an error wrapping ErrStale (or ErrNoToken).
+func (w *Writer) token(ctx context.Context, op, key string) (hlc.Timestamp, store, error) {
+	var (
+		t   hlc.Timestamp
+		via store = w.c
+		err error
+	)
+	if cs, ok := w.src.(ConnSource); ok {
+		var cn *sskv.Conn
+		if t, cn, err = cs.FencingConn(ctx); err == nil {
+			if cn.Client() == w.c {
+				via = cn
+			}
+		} else if _, serr := w.src.FencingToken(); serr == nil {
+			// Not the end of the holding: the confirmation could not be
+			// made (ctx ended, the store did not answer).
+			return hlc.Timestamp{}, nil, fmt.Errorf("fenced: %s %q: %w", op, key, err)
+		}
+	} else {
+		t, err = w.src.FencingToken()
+	}
 	if err != nil {
-		return hlc.Timestamp{}, &staleError{op: op, key: key, cause: err}
+		return hlc.Timestamp{}, nil, &staleError{op: op, key: key, cause: err}
 	}
 	if t.IsZero() {
-		return hlc.Timestamp{}, fmt.Errorf("fenced: %s %q: %w", op, key, ErrNoToken)
+		return hlc.Timestamp{}, nil, fmt.Errorf("fenced: %s %q: %w", op, key, ErrNoToken)
 	}
-	return t, nil
+	return t, via, nil
 }
 
 // refused wraps err for op on key, and tells the source when the store
@@ -81,16 +123,16 @@ func (w *Writer) refused(op, key string, t hlc.Timestamp, err error) error {
 // Set sets key as sskv.Client.Set does, with opts.FencingToken replaced by
 // the source's token.
 func (w *Writer) Set(ctx context.Context, key string, value []byte, opts sskv.SetOptions) (sskv.SetResult, error) {
-	t, err := w.token("set", key)
+	t, via, err := w.token(ctx, "set", key)
 	if err != nil {
 		return sskv.SetResult{}, err
 	}
-	return w.set(ctx, "set", key, value, opts, t)
+	return w.set(ctx, via, "set", key, value, opts, t)
 }
 
-func (w *Writer) set(ctx context.Context, op, key string, value []byte, opts sskv.SetOptions, t hlc.Timestamp) (sskv.SetResult, error) {
+func (w *Writer) set(ctx context.Context, via store, op, key string, value []byte, opts sskv.SetOptions, t hlc.Timestamp) (sskv.SetResult, error) {
 	opts.FencingToken = t
-	res, err := w.c.Set(ctx, key, value, opts)
+	res, err := via.Set(ctx, key, value, opts)
 	if err != nil {
 		return res, w.refused(op, key, t, err)
 	}
@@ -99,11 +141,11 @@ func (w *Writer) set(ctx context.Context, op, key string, value []byte, opts ssk
 
 // Del deletes key, fenced with the source's token.
 func (w *Writer) Del(ctx context.Context, key string) (sskv.DelResult, error) {
-	t, err := w.token("del", key)
+	t, via, err := w.token(ctx, "del", key)
 	if err != nil {
 		return sskv.DelResult{}, err
 	}
-	res, err := w.c.Del(ctx, key, sskv.DelOptions{FencingToken: t})
+	res, err := via.Del(ctx, key, sskv.DelOptions{FencingToken: t})
 	if err != nil {
 		return res, w.refused("del", key, t, err)
 	}
@@ -112,11 +154,11 @@ func (w *Writer) Del(ctx context.Context, key string) (sskv.DelResult, error) {
 
 // VDel deletes key if it holds value, fenced with the source's token.
 func (w *Writer) VDel(ctx context.Context, key string, value []byte) (sskv.DelResult, error) {
-	t, err := w.token("vdel", key)
+	t, via, err := w.token(ctx, "vdel", key)
 	if err != nil {
 		return sskv.DelResult{}, err
 	}
-	res, err := w.c.VDel(ctx, key, value, sskv.DelOptions{FencingToken: t})
+	res, err := via.VDel(ctx, key, value, sskv.DelOptions{FencingToken: t})
 	if err != nil {
 		return res, w.refused("vdel", key, t, err)
 	}
@@ -125,8 +167,8 @@ func (w *Writer) VDel(ctx context.Context, key string, value []byte) (sskv.DelRe
 
 // Edit reads key, calls change with its value (nil and found false when it
 // does not exist) and writes back what change returns, fenced with the
-// token the read was made under. If change returns an error, nothing is
-// written and Edit returns that error.
+// token the read was made under, through the same connection. If change
+// returns an error, nothing is written and Edit returns that error.
 //
 // If a newer holder writes the key between the read and the write back,
 // the write back is refused with ErrStale; if the source's holding ends
@@ -141,11 +183,11 @@ func (w *Writer) VDel(ctx context.Context, key string, value []byte) (sskv.DelRe
 // instead of deleting it. Concurrent Edits of the same holder are not
 // ordered.
 func (w *Writer) Edit(ctx context.Context, key string, change func(value []byte, found bool) ([]byte, error)) (sskv.SetResult, error) {
-	t, err := w.token("edit", key)
+	t, via, err := w.token(ctx, "edit", key)
 	if err != nil {
 		return sskv.SetResult{}, err
 	}
-	cur, err := w.c.Get(ctx, key)
+	cur, err := via.Get(ctx, key)
 	if err != nil {
 		return sskv.SetResult{}, fmt.Errorf("fenced: edit %q: %w", key, err)
 	}
@@ -153,19 +195,18 @@ func (w *Writer) Edit(ctx context.Context, key string, change func(value []byte,
 	if err != nil {
 		return sskv.SetResult{}, err
 	}
-	now, err := w.token("edit", key)
-	if err != nil {
-		return sskv.SetResult{}, err
+	now, err := w.src.FencingToken()
+	if err == nil && now != t {
+		err = fmt.Errorf("the read was made under token %v, and the source holds %v now", t, now)
 	}
-	if now != t {
-		return sskv.SetResult{}, &staleError{op: "edit", key: key,
-			cause: fmt.Errorf("the read was made under token %v, and the source holds %v now", t, now)}
+	if err != nil {
+		return sskv.SetResult{}, &staleError{op: "edit", key: key, cause: err}
 	}
 	var opts sskv.SetOptions
 	if !cur.Found {
 		opts.Condition = sskv.IfNotExists
 	}
-	res, err := w.set(ctx, "edit", key, next, opts, t)
+	res, err := w.set(ctx, via, "edit", key, next, opts, t)
 	if err == nil && !res.Applied {
 		return res, fmt.Errorf("fenced: edit %q: %w (created at version %v)", key, ErrConflict, res.Version)
 	}

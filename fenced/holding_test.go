@@ -9,6 +9,7 @@ import (
 	"github.com/dsslock/dsslock/faultproxy"
 	"github.com/dsslock/dsslock/fenced"
 	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/internal/storetest"
 	"github.com/dsslock/dsslock/lock"
 	"github.com/dsslock/dsslock/sskv"
 )
@@ -163,5 +164,26 @@ func TestZeroTokenNotSent(t *testing.T) {
 	}
 	if res, err := c.Get(testCtx(t), "k"); err != nil || res.Found {
 		t.Fatalf("k = %+v, %v; want nothing written", res, err)
+	}
+}
+
+// After a store restart that lost the lock's key, a fenced write made before
+// the holder has confirmed its key does not go out: the holding ends first,
+// and the write fails with ErrStale, instead of creating the key in the new
+// store with the old token (the restart lost the key's fence).
+func TestFencedWriteAfterStoreRestart(t *testing.T) {
+	srv := startStore(t)
+	c := dial(t, srv.Addr())
+	l := acquire(t, c, lock.Config{Name: "lock", TTL: 6 * time.Second})
+	w := fenced.New(c, l)
+	if _, err := w.Set(testCtx(t), "data", []byte("before"), sskv.SetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	srv = storetest.Restart(t, srv, 300*time.Millisecond)
+	if _, err := w.Set(testCtx(t), "data", []byte("after"), sskv.SetOptions{}); !errors.Is(err, fenced.ErrStale) || !errors.Is(err, lock.ErrKeyLost) {
+		t.Fatalf("fenced write after a restart = %v; want ErrStale and lock.ErrKeyLost", err)
+	}
+	if res, err := dial(t, srv.Addr()).Get(testCtx(t), "data"); err != nil || res.Found {
+		t.Fatalf("data = %+v, %v after the restart; want it missing", res, err)
 	}
 }

@@ -104,6 +104,14 @@ func (t *Term) Err() error { return t.l.Err() }
 // its first write. Package fenced calls it for every write.
 func (t *Term) FencingToken() (hlc.Timestamp, error) { return t.l.FencingToken() }
 
+// FencingConn returns the term's token and the connection to send a fenced
+// write on, after confirming the election's key if the connection was lost
+// meanwhile (see lock.Lock.FencingConn). Package fenced calls it for every
+// write.
+func (t *Term) FencingConn(ctx context.Context) (hlc.Timestamp, *sskv.Conn, error) {
+	return t.l.FencingConn(ctx)
+}
+
 // Fenced ends the term as lost (lock.ErrFenced): a write fenced with its
 // token was refused because a newer term has written the key. Package
 // fenced calls it.

@@ -72,7 +72,8 @@ type Config struct {
 	// metrics. The calls are made in order, on a goroutine of their own and
 	// never on the renew loop, so OnRenewal may call any method of the Lock
 	// (giving the lock up after a failed renewal with Unlock, say); a call
-	// that blocks delays the next ones, not the renewals.
+	// that blocks delays the next ones, not the renewals. A call queued
+	// before Unlock or Close may run after it has returned.
 	OnRenewal func(latency time.Duration, err error)
 
 	// Logger receives the lock's logs (acquired, lost, released at Info;

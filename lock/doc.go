@@ -92,16 +92,21 @@
 //     reconnect it reads its key, and a missing key, another version or
 //     another holder ends the holding as lost (ErrKeyLost,
 //     ErrHeldByOther), with Done and Context as for any loss. A record of
-//     its own that a late request of its wrote is deleted. Requests of a
-//     holding are never sent again on a later connection (see sskv.Conn),
-//     and a request whose caller gave up is never sent again at all.
+//     its own that a late request of its wrote is deleted by Unlock, once
+//     the work has returned. Requests of a holding are never sent again on
+//     a later connection (see sskv.Conn), and a request whose caller gave
+//     up is never sent again at all. Fenced writes (package fenced, on the
+//     Lock's client) wait for that confirmation too, and go out on the
+//     same connection (FencingConn).
 //   - A waiter never takes a key that someone may still believe they hold.
-//     When a waiter that has seen the key held finds it missing after a
-//     reconnect, or after a Resync of its watch, the key may have vanished
-//     with a store restart while its holder, cut off, still counts on it
-//     until its renew deadline. The waiter then waits a full TTL since the
-//     reconnect (or the Resync) before it tries. A release or an expiry it
-//     sees (a DELETE notification) is taken at once, as before.
+//     The store may have restarted, and lost the key, while the client was
+//     disconnected, with its holder, cut off, still counting on it until
+//     its renew deadline. So no acquisition goes out within a TTL of a
+//     reconnect of the client, whichever Lock or Campaign makes it and
+//     whatever it saw before (TryLock reports false meanwhile), nor within
+//     a TTL of a Resync of a waiter's watch that finds missing a key the
+//     waiter had seen held. Otherwise a release or an expiry a waiter sees
+//     (a DELETE notification) is taken at once.
 //
 // # Store restarts
 //

@@ -28,8 +28,8 @@ var (
 	// so that the holding cannot be sure it was continuous: it was deleted
 	// (by hand, or lost in a store restart), or it holds this holder's
 	// record at a version this holder never wrote (a late request of its
-	// own re-created it, possibly after another holder came and went; the
-	// holder deletes that record). Found by the holder's watch of its key
+	// own re-created it, possibly after another holder came and went;
+	// Unlock deletes that record). Found by the holder's watch of its key
 	// (Config.FenceKey), or by the read that confirms the key after a
 	// reconnect, before anything more is written.
 	ErrKeyLost = errors.New("lock: the key changed behind the holder's back")

@@ -42,6 +42,14 @@ type holding struct {
 	conn    *sskv.Conn
 	version hlc.Timestamp
 	recheck bool
+	// late is a record of this holding's own that confirm found at a
+	// version it never wrote (a late request of its own): release deletes
+	// it, once the work has returned.
+	late []byte
+	// acquired is the version of the acquisition's last write: the guard
+	// takes what the key went through before it as the acquisition's own
+	// business (see judge).
+	acquired hlc.Timestamp
 }
 
 // endedHolding is the holding of a Lock that holds nothing yet: ended, with
@@ -66,18 +74,23 @@ func newHolding(l *Lock, token hlc.Timestamp, rec []byte, sent time.Time, conn *
 		loop:    make(chan struct{}),
 		poke:    make(chan struct{}, 1),
 		expires: sent.Add(l.cfg.RenewDeadline),
-		rec:     rec,
-		conn:    conn,
-		version: version,
+		rec:      rec,
+		conn:     conn,
+		version:  version,
+		acquired: version,
 	}
 	h.timer = time.AfterFunc(time.Until(h.expires), h.deadline)
 	return h
 }
 
-// record returns the key's value while this holding lasts.
+// record returns the key's value while this holding lasts, or the late
+// record of its own that ended it (see confirm).
 func (h *holding) record() []byte {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.late != nil {
+		return h.late
+	}
 	return h.rec
 }
 
@@ -279,10 +292,12 @@ func (h *holding) failed(err error) {
 // between (the key deleted by hand, lost in a store restart, taken and
 // released by another holder, re-created by a late request of this one) has
 // changed the version or removed the key, and ends the holding as lost: the
-// store may have let another holder in meanwhile. A record of this holding's
-// that a late request of its own wrote is deleted (VDEL). It returns
-// errEnded when the holding ended, and the request's error when the read
-// failed: the next write tries again.
+// store may have let another holder in meanwhile. A record of this
+// holding's that a late request of its own wrote is left for release to
+// delete (VDEL), once the work has returned: deleted now, it would let a
+// waiter in while the work may still run. It returns errEnded when the
+// holding ended, and the request's error when the read failed: the next
+// write tries again.
 func (h *holding) confirm(ctx context.Context) (*sskv.Conn, error) {
 	l := h.l
 	h.mu.Lock()
@@ -318,14 +333,11 @@ func (h *holding) confirm(ctx context.Context) (*sskv.Conn, error) {
 		}
 		// This holder's record, written after its last known write: a
 		// request of its own that arrived late, possibly after the key had
-		// vanished and another holder had come and gone. Take it back.
-		var opts sskv.DelOptions
-		if l.cfg.FenceKey {
-			opts.FencingToken = h.token
-		}
-		if _, err := next.VDel(ctx, l.cfg.Name, res.Value, opts); err != nil {
-			l.log.Debug("could not delete a late record of this holding; it expires after the TTL", "error", err)
-		}
+		// vanished and another holder had come and gone. Unlock takes it
+		// back; until then it keeps waiters out, as the holding did.
+		h.mu.Lock()
+		h.late = res.Value
+		h.mu.Unlock()
 		h.lose(fmt.Errorf("%w: found at version %v, written by a late request of this holder, after its last known write %v", ErrKeyLost, res.Version, version))
 		return nil, errEnded
 	}
@@ -463,9 +475,6 @@ func (h *holding) guard(done chan<- struct{}) {
 // judge loses the holding if ev shows that its key is not its own any more.
 func (h *holding) judge(ev sskv.Event) {
 	l := h.l
-	h.mu.Lock()
-	version := h.version
-	h.mu.Unlock()
 	own := ev.Op == sskv.OpSet && ParseHolder(ev.Value, ev.Version).ID == l.cfg.HolderID
 	switch {
 	case ev.Resync && ev.Op == sskv.OpDelete:
@@ -478,15 +487,41 @@ func (h *holding) judge(ev sskv.Event) {
 		// A change from before this holding, still queued on the waiter's
 		// watch: the previous holder's renewals and release.
 	case own:
-	case !ev.Version.After(version):
-		// A change this holding's own later write has overwritten: during
-		// an acquisition, between the SET that took the key and the one
-		// that fenced it.
+	case !ev.Version.After(h.acquired):
+		// A change the acquisition's fenced SET overwrote: made between
+		// the SET that took the key and the one that fenced it.
 	case ev.Op == sskv.OpDelete:
 		h.lose(fmt.Errorf("%w: it was deleted", ErrKeyLost))
 	default:
 		h.lose(fmt.Errorf("%w (key version %v)", ErrHeldByOther, ev.Version))
 	}
+}
+
+// connection returns the connection the holding's writes go out on,
+// confirming the key first if it must (see confirm), within ctx and the
+// renew deadline.
+func (h *holding) connection(ctx context.Context) (*sskv.Conn, error) {
+	h.mu.Lock()
+	conn, recheck, expires := h.conn, h.recheck, h.expires
+	h.mu.Unlock()
+	select {
+	case <-conn.Done():
+	default:
+		if !recheck {
+			return conn, nil
+		}
+	}
+	h.writeMu.Lock()
+	defer h.writeMu.Unlock()
+	ctx, cancel := context.WithDeadline(ctx, expires)
+	defer cancel()
+	stop := context.AfterFunc(h.ctx, cancel)
+	defer stop()
+	conn, err := h.confirm(ctx)
+	if h.ctx.Err() != nil {
+		return nil, h.err()
+	}
+	return conn, err
 }
 
 // recheckNow confirms the key (see confirm) without writing. It returns

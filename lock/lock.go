@@ -89,7 +89,9 @@ func (l *Lock) Config() Config { return l.cfg }
 
 // TryLock makes one attempt to acquire the lock (SET NEX PX) and reports
 // whether it did. Not acquiring it because someone else holds it is not an
-// error. An error that wraps a *sskv.ServiceError is the store's refusal
+// error. Within a TTL of a reconnect of the client it reports false without
+// trying: the key may have vanished with a store restart while its holder
+// still counts on it (see Lock). An error that wraps a *sskv.ServiceError is the store's refusal
 // (e.g. sskv.ErrTimestampSkew): nothing was acquired. Any other error means
 // the outcome is unknown (a timeout, a lost connection): the Lock holds
 // nothing, and deletes the key if it took it, in the background (TryLock
@@ -105,6 +107,10 @@ func (l *Lock) TryLock(ctx context.Context) (bool, error) {
 	if err != nil {
 		l.end()
 		return false, l.wrap("", l.closedErr(ctx, err))
+	}
+	if time.Now().Before(l.holdOff(cn)) {
+		l.end()
+		return false, nil // within a TTL of a reconnect: the key may be held unseen
 	}
 	ok, err := l.attempt(ctx, cn)
 	switch {
@@ -130,14 +136,15 @@ func (l *Lock) TryLock(ctx context.Context) (bool, error) {
 // safeguard it checks after 10 TTLs without news.
 //
 // A waiter never takes a key that someone may still believe they hold.
-// When it has seen the key held and then finds it missing after its
-// connection was lost, or after its watch lost track of it (a Resync), the
-// key may have vanished with a store restart while its holder still counts
-// on it until its renew deadline: the waiter then waits a full TTL since its
-// reconnect (or the Resync), on its own clock, before it tries. So after a
-// store restart that lost the key, the lock is taken again about a TTL
-// later; a release or an expiry it sees (a DELETE notification) is taken at
-// once.
+// The store may have restarted, and lost the key, while the client was
+// disconnected, and the key's holder, cut off, still counts on it until its
+// renew deadline: so no acquisition goes out within a TTL, on this process's
+// clock, of a reconnect of the client (whatever this Lock, or another Lock
+// of the process, saw before it), nor within a TTL of a Resync of the
+// waiter's watch that finds missing a key it had seen held. After a store
+// restart that lost the key, the lock is taken again about a TTL later.
+// Otherwise a release or an expiry the waiter sees (a DELETE notification)
+// is taken at once.
 //
 // If ctx ends first, Lock returns ctx's error (wrapped) and holds nothing:
 // if its last attempt had an unknown outcome, it deletes the key if it took
@@ -257,6 +264,26 @@ func (l *Lock) FencingToken() (hlc.Timestamp, error) {
 		return hlc.Timestamp{}, l.wrap("", err)
 	}
 	return h.token, nil
+}
+
+// FencingConn is FencingToken, with the connection to send the fenced write
+// on: the one on which the holding last saw its key. After a reconnect (or
+// when its watch lost track of the key) it first confirms the key with a
+// read, waiting as long as ctx allows, and returns an error if the holding
+// ended meanwhile: so a write sent on the connection never crosses an outage
+// the holding has not checked (a store restart that lost the key and let
+// another holder in, say). A write sent on it after that connection is
+// lost fails with sskv.ErrNotSent. Package fenced calls it for every write.
+func (l *Lock) FencingConn(ctx context.Context) (hlc.Timestamp, *sskv.Conn, error) {
+	h := l.holding()
+	if err := h.check(); err != nil {
+		return hlc.Timestamp{}, nil, l.wrap("", err)
+	}
+	cn, err := h.connection(ctx)
+	if err != nil {
+		return hlc.Timestamp{}, nil, l.wrap("", err)
+	}
+	return h.token, cn, nil
 }
 
 // Fenced tells the Lock that a write fenced with token was refused because

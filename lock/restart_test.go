@@ -428,3 +428,83 @@ func TestLateSetValueDuringAcquisition(t *testing.T) {
 		t.Fatalf("the key went through %v; want %v", order, want)
 	}
 }
+
+// A waiter that retries Lock with short contexts (or TryLock, or a new
+// Lock, or a new Campaign) starts each call knowing nothing: it must hold
+// off after a reconnect all the same, or it takes a key that vanished with
+// a store restart while its holder, cut off, still holds it.
+func TestRetriedLockHoldsOffAfterStoreRestart(t *testing.T) {
+	srv := startStore(t)
+	proxy := startProxy(t, srv.Addr())
+	ttl := 2 * time.Second
+	a := newLock(t, dial(t, proxy.Addr()), lock.Config{Name: "l", TTL: ttl})
+	cb := dial(t, srv.Addr())
+	mustLock(t, a)
+	proxy.Partition() // a stays away from the restarted store
+	down := time.Now()
+	srv = restartStore(t, srv, 100*time.Millisecond)
+	for {
+		b := newLock(t, cb, lock.Config{Name: "l", TTL: ttl})
+		ok, err := b.TryLock(testCtx(t))
+		if err == nil && !ok {
+			ctx, cancel := context.WithTimeout(testCtx(t), 300*time.Millisecond)
+			err = b.Lock(ctx)
+			cancel()
+			ok = err == nil
+		}
+		if ok {
+			select {
+			case <-a.Done():
+			default:
+				t.Fatalf("b took the lock %v after the restart while a still held it", time.Since(down))
+			}
+			t.Logf("b took the lock %v after the store went down (TTL %v)", time.Since(down).Round(time.Millisecond), ttl)
+			if err := b.Unlock(testCtx(t)); err != nil {
+				t.Fatal(err)
+			}
+			break
+		}
+		if !errors.Is(err, context.DeadlineExceeded) && err != nil {
+			t.Fatalf("b: %v", err)
+		}
+		if time.Since(down) > 5*ttl {
+			t.Fatal("b never took the lock")
+		}
+	}
+	proxy.Heal()
+	if err := a.Close(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A holder that finds, after a reconnect, its own record at a version it
+// never wrote (a late request of its own) ends its holding, but leaves the
+// record until Unlock, called once its work has returned: deleted at once,
+// it would let a waiter in while the work may still run.
+func TestLateOwnRecordKeptUntilUnlock(t *testing.T) {
+	srv := startStore(t)
+	proxy := startProxy(t, srv.Addr())
+	admin := dial(t, srv.Addr())
+	cfg := lock.Config{Name: "l", TTL: 6 * time.Second}
+	a := newLock(t, dial(t, proxy.Addr()), cfg)
+	mustLock(t, a)
+	proxy.Partition()
+	// What a late renewal of a's would do: the same record, a new version.
+	if _, err := admin.Set(testCtx(t), "l", []byte(a.HolderID()), sskv.SetOptions{Expiry: cfg.TTL}); err != nil {
+		t.Fatal(err)
+	}
+	proxy.Heal()
+	waitDone(t, a)
+	if !errors.Is(a.Err(), lock.ErrKeyLost) {
+		t.Fatalf("a.Err = %v; want ErrKeyLost", a.Err())
+	}
+	if h := holder(t, a); h.ID != a.HolderID() {
+		t.Fatalf("Holder = %+v right after a's holding ended; want a's record, kept until Unlock", h)
+	}
+	if err := a.Unlock(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if h := holder(t, a); h.Held() {
+		t.Fatalf("Holder = %+v after Unlock; want none", h)
+	}
+}

@@ -47,11 +47,9 @@ func addSat(a, b time.Duration) time.Duration {
 // have taken the key, which the caller must then delete. The caller has the
 // turn.
 //
-// A waiter that has seen the key held does not take it, after a reconnect or
-// a Resync of its watch, before a TTL has passed since (see Lock.Lock): the
-// key may have vanished in a store restart while its holder still counts
-// on it until its renew deadline, which passes within a TTL of the restart
-// on the holder's clock.
+// No attempt goes out within a TTL of a reconnect of the client, nor within
+// a TTL of a Resync of the watch that found the key missing after the waiter
+// had seen it held (see holdOff).
 func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 	var (
 		w         *sskv.Watcher
@@ -60,7 +58,6 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 		lost      bool               // a check woken by a deletion lost the race to another waiter
 		delayed   bool               // the delay timer wakes a deletion's check (not a retry)
 		seenHeld  bool               // an attempt or the watch found the key held
-		lastConn  uint64             // the connection of the last attempt
 		holdUntil time.Time          // no attempt before: the key may be held in someone's belief
 	)
 	// On return the watch ends at once (the client unregisters it in the
@@ -83,7 +80,7 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 	hold := time.NewTimer(time.Hour)
 	hold.Stop()
 	defer hold.Stop()
-	holdOff := func(from time.Time) {
+	holdFrom := func(from time.Time) {
 		if until := from.Add(l.cfg.TTL); until.After(holdUntil) {
 			holdUntil = until
 		}
@@ -102,10 +99,9 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 			if err != nil {
 				return giveUp(err)
 			}
-			if seenHeld && cn.Number() != lastConn {
-				holdOff(cn.Since()) // reconnected since the key was seen held
+			if until := l.holdOff(cn); until.After(holdUntil) {
+				holdUntil = until
 			}
-			lastConn = cn.Number()
 			if d := time.Until(holdUntil); d > 0 {
 				l.log.Debug("the key may still be held by a holder that lost it unseen; waiting", "for", d)
 				hold.Reset(d)
@@ -189,7 +185,7 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 				// waiter lost the last race. A key found missing after the
 				// watch lost track of it may have vanished unseen.
 				if ev.Resync && ev.Op == sskv.OpDelete && seenHeld {
-					holdOff(time.Now())
+					holdFrom(time.Now())
 				}
 				if lost {
 					delayed = true
@@ -209,6 +205,25 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 			check = true
 		}
 	}
+}
+
+// holdOff returns when an acquisition through cn may take a missing key:
+// a TTL after cn came up if it is not the client's first connection, else
+// at once.
+//
+// The store may have restarted, and lost the key, while the client was
+// disconnected, at any moment before the reconnect: its holder, cut off
+// from the store or not yet reconnected, still counts on the key until its
+// renew deadline, which passes within a TTL of its last renewal on its own
+// clock. Before then, nobody may take the key: not a waiter of this Lock,
+// whatever it saw, nor a new Lock or Campaign of the same process, which
+// could not know what an earlier one saw. A client on its first connection
+// has seen nothing, and cannot tell either.
+func (l *Lock) holdOff(cn *sskv.Conn) time.Time {
+	if cn.Number() <= 1 {
+		return time.Time{}
+	}
+	return cn.Since().Add(l.cfg.TTL)
 }
 
 // waitWatch is a waiter's watch of the key, which a FenceKey holding takes

@@ -69,6 +69,9 @@ func (cn *Conn) Done() <-chan struct{} { return cn.lost }
 // (a restart that lost every key, say) happened before it.
 func (cn *Conn) Since() time.Time { return cn.up }
 
+// Client returns the client the connection is one of.
+func (cn *Conn) Client() *Client { return cn.c }
+
 // Number returns the connection's number: 1 for the client's first
 // connection, growing by one with each reconnection.
 func (cn *Conn) Number() uint64 { return cn.gen }
