@@ -66,14 +66,14 @@ func endedHolding(cause error) *holding {
 func newHolding(l *Lock, token hlc.Timestamp, rec []byte, sent time.Time, conn *sskv.Conn, version hlc.Timestamp) *holding {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	h := &holding{
-		l:       l,
-		token:   token,
-		ctx:     ctx,
-		cancel:  cancel,
-		stop:    make(chan struct{}),
-		loop:    make(chan struct{}),
-		poke:    make(chan struct{}, 1),
-		expires: sent.Add(l.cfg.RenewDeadline),
+		l:        l,
+		token:    token,
+		ctx:      ctx,
+		cancel:   cancel,
+		stop:     make(chan struct{}),
+		loop:     make(chan struct{}),
+		poke:     make(chan struct{}, 1),
+		expires:  sent.Add(l.cfg.RenewDeadline),
 		rec:      rec,
 		conn:     conn,
 		version:  version,
