@@ -9,11 +9,13 @@ import (
 	"github.com/dsslock/dsslock/sskv/localstore"
 )
 
-// A fault is injected now; heal, when not nil, ends it after dur.
+// A fault is injected now; heal, when not nil, ends it after dur. A fault
+// with skip set did nothing, for that reason.
 type fault struct {
 	what string
 	dur  time.Duration
 	heal func()
+	skip string
 }
 
 // faultKinds are the faults a schedule draws from, with their weights.
@@ -29,14 +31,14 @@ var faultKinds = []struct {
 		cd.pause.Store(int64(p))
 		return fault{what: fmt.Sprintf("pause %s %v (pending)", cd.id, p.Round(time.Millisecond))}
 	}},
-	{"kick", 1, func(s *schedule, cd *candidate, d time.Duration) fault {
-		_ = s.srv.Kick(cd.id)
+	{"kick", 1, onStore(func(s *schedule, srv *localstore.Server, cd *candidate, d time.Duration) fault {
+		_ = srv.Kick(cd.id)
 		return fault{what: "kick " + cd.id}
-	}},
-	{"drop", 1, func(s *schedule, cd *candidate, d time.Duration) fault {
-		_ = s.srv.Drop(cd.id)
+	})},
+	{"drop", 1, onStore(func(s *schedule, srv *localstore.Server, cd *candidate, d time.Duration) fault {
+		_ = srv.Drop(cd.id)
 		return fault{what: "drop " + cd.id}
-	}},
+	})},
 	{"blackhole", 2, func(s *schedule, cd *candidate, d time.Duration) fault {
 		cd.proxy.Blackhole()
 		return fault{what: "blackhole " + cd.id, dur: d, heal: cd.proxy.Heal}
@@ -45,25 +47,25 @@ var faultKinds = []struct {
 		cd.proxy.Cut()
 		return fault{what: "cut " + cd.id}
 	}},
-	{"hold", 2, func(s *schedule, cd *candidate, d time.Duration) fault {
+	{"hold", 2, onStore(func(s *schedule, srv *localstore.Server, cd *candidate, d time.Duration) fault {
 		dir := []localstore.Direction{localstore.ToStore, localstore.FromStore, localstore.Both}[int(d)%3]
 		names := map[localstore.Direction]string{localstore.ToStore: "to store", localstore.FromStore: "from store", localstore.Both: "both ways"}
-		if err := s.srv.Hold(cd.id, dir); err != nil {
+		if err := srv.Hold(cd.id, dir); err != nil {
 			return fault{what: "hold " + cd.id + ": not connected"}
 		}
-		return fault{what: fmt.Sprintf("hold %s %s", cd.id, names[dir]), dur: d, heal: func() { s.srv.Release(cd.id) }}
-	}},
-	{"drop responses", 1, func(s *schedule, cd *candidate, d time.Duration) fault {
-		s.srv.SetResponseFault(cd.id, localstore.ResponseFault{Drop: true})
+		return fault{what: fmt.Sprintf("hold %s %s", cd.id, names[dir]), dur: d, heal: func() { srv.Release(cd.id) }}
+	})},
+	{"drop responses", 1, onStore(func(s *schedule, srv *localstore.Server, cd *candidate, d time.Duration) fault {
+		srv.SetResponseFault(cd.id, localstore.ResponseFault{Drop: true})
 		return fault{what: "drop responses to " + cd.id, dur: d / 2,
-			heal: func() { s.srv.SetResponseFault(cd.id, localstore.ResponseFault{}) }}
-	}},
-	{"delay responses", 1, func(s *schedule, cd *candidate, d time.Duration) fault {
+			heal: func() { srv.SetResponseFault(cd.id, localstore.ResponseFault{}) }}
+	})},
+	{"delay responses", 1, onStore(func(s *schedule, srv *localstore.Server, cd *candidate, d time.Duration) fault {
 		delay := d / 4
-		s.srv.SetResponseFault(cd.id, localstore.ResponseFault{Delay: delay})
+		srv.SetResponseFault(cd.id, localstore.ResponseFault{Delay: delay})
 		return fault{what: fmt.Sprintf("delay responses to %s by %v", cd.id, delay.Round(time.Millisecond)), dur: d,
-			heal: func() { s.srv.SetResponseFault(cd.id, localstore.ResponseFault{}) }}
-	}},
+			heal: func() { srv.SetResponseFault(cd.id, localstore.ResponseFault{}) }}
+	})},
 	{"network delay", 1, func(s *schedule, cd *candidate, d time.Duration) fault {
 		delay := d / 30
 		cd.proxy.SetDelay(delay)
@@ -72,17 +74,31 @@ var faultKinds = []struct {
 	}},
 	// The store's clock jumps to an offset within ±maxSkew (it stays there
 	// until the next jump or the end of the faults).
-	{"store clock", 1, func(s *schedule, cd *candidate, d time.Duration) fault {
+	{"store clock", 1, onStore(func(s *schedule, srv *localstore.Server, cd *candidate, d time.Duration) fault {
 		off := time.Duration(int64(d)*7919%int64(2*maxSkew)) - maxSkew
-		s.srv.SetClockOffset(off)
+		srv.SetClockOffset(off)
 		return fault{what: fmt.Sprintf("store clock %+v", off.Round(time.Millisecond))}
-	}},
+	})},
 	// A client's clock is set to an offset within ±maxSkew.
 	{"client clock", 1, func(s *schedule, cd *candidate, d time.Duration) fault {
 		off := time.Duration(int64(d)*104729%int64(2*maxSkew)) - maxSkew
 		cd.skew.Store(int64(off))
 		return fault{what: fmt.Sprintf("clock of %s %+v", cd.id, off.Round(time.Millisecond))}
 	}},
+}
+
+// onStore makes a fault that acts on the store running now; while the
+// store restarts there is none, and the fault is skipped. Its heal acts on
+// the same store (a no-op once that store is closed: what it held or delayed
+// was lost with it).
+func onStore(inject func(s *schedule, srv *localstore.Server, cd *candidate, d time.Duration) fault) func(*schedule, *candidate, time.Duration) fault {
+	return func(s *schedule, cd *candidate, d time.Duration) fault {
+		srv := s.store()
+		if srv == nil {
+			return fault{skip: "no store runs"}
+		}
+		return inject(s, srv, cd, d)
+	}
 }
 
 // draw picks a fault kind, a target and a duration. It draws the same
@@ -144,6 +160,9 @@ func (s *schedule) injectFaults(ctx context.Context) int {
 			kind, cd, d := s.draw()
 			start := s.h.now()
 			f := faultKinds[kind].inject(s, cd, d)
+			if f.skip != "" {
+				f.what = faultKinds[kind].name + " skipped: " + f.skip
+			}
 			n++
 			if f.heal != nil {
 				open = append(open, pending{at: now.Add(f.dur), start: start, f: f})
@@ -166,7 +185,9 @@ func (s *schedule) injectFaults(ctx context.Context) int {
 	for _, p := range open {
 		heal(p)
 	}
-	s.srv.SetClockOffset(0)
+	if srv := s.store(); srv != nil {
+		srv.SetClockOffset(0)
+	}
 	for _, cd := range s.cand {
 		cd.skew.Store(0)
 		cd.pause.Store(0)

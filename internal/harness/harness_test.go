@@ -156,10 +156,20 @@ type schedule struct {
 	seed int64
 	v    variant
 	rng  *rand.Rand // the fault loop's only
-	srv  *localstore.Server
 	h    *history
 	cand []*candidate
 	log  lockedBuf // the store's debug log, and goroutine dumps
+
+	storeMu sync.Mutex
+	srv     *localstore.Server // the store running now; nil while it restarts
+}
+
+// store returns the store running now, or nil while it restarts. Faults
+// act on it; one that finds none is skipped.
+func (s *schedule) store() *localstore.Server {
+	s.storeMu.Lock()
+	defer s.storeMu.Unlock()
+	return s.srv
 }
 
 func runSchedule(t *testing.T, seed int64, v variant) result {
@@ -329,9 +339,14 @@ func (s *schedule) lead(ctx context.Context, cd *candidate, t *leader.Term) erro
 			}
 			start := s.h.now()
 			s.h.markPaused(rec)
-			_ = s.srv.Hold(cd.id, localstore.Both)
+			srv := s.store()
+			if srv != nil {
+				_ = srv.Hold(cd.id, localstore.Both)
+			}
 			time.Sleep(d) // the pause itself: nothing of this process runs
-			s.srv.Release(cd.id)
+			if srv != nil {
+				srv.Release(cd.id)
+			}
 			s.h.fault(start, s.h.now(), fmt.Sprintf("pause %s %v", cd.id, d.Round(time.Millisecond)))
 			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
 			call := s.h.now()
