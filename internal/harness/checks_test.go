@@ -29,12 +29,61 @@ func TestCheckTokensCatchesInterleavedTerms(t *testing.T) {
 	}
 }
 
+// TestCheckTokensAcrossRestarts: a restarted store's clock may be behind
+// the old one's, so versions and tokens are ordered by store first; and a
+// term of the old store must not write after a term of the new one has,
+// unless it is a paused write whose only obstacle was the lost fence.
+func TestCheckTokensAcrossRestarts(t *testing.T) {
+	on := func(node string, wall int64) hlc.Timestamp { return hlc.Timestamp{Wall: wall, Node: node} }
+	ok := sskv.SetResult{Applied: true}
+	at := func(v hlc.Timestamp) sskv.SetResult { r := ok; r.Version = v; return r }
+	for _, c := range []struct {
+		name   string
+		writes func(h *history)
+		want   string
+	}{
+		{"the next term writes to the new store, whose clock is behind", func(h *history) {
+			h.write(2, "c", "c1", on("s1", 20), false, 2, at(on("s1", 50)), nil)
+		}, ""},
+		{"the old store's last term goes on in the new store, then the next term", func(h *history) {
+			h.write(1, "b", "b2", on("s0", 110), false, 2, at(on("s1", 40)), nil)
+			h.write(2, "c", "c1", on("s1", 20), false, 3, at(on("s1", 50)), nil)
+		}, ""},
+		{"an old term writes after the new store's term", func(h *history) {
+			h.write(2, "c", "c1", on("s1", 20), false, 2, at(on("s1", 50)), nil)
+			h.write(1, "b", "b2", on("s0", 110), false, 3, at(on("s1", 60)), nil)
+		}, "terms interleave"},
+		{"a paused write of an old term after the new store's term", func(h *history) {
+			h.write(2, "c", "c1", on("s1", 20), false, 2, at(on("s1", 50)), nil)
+			h.write(1, "b", "b2", on("s0", 110), true, 3, at(on("s1", 60)), nil)
+			h.write(2, "c", "c2", on("s1", 20), false, 4, at(on("s1", 70)), nil)
+		}, ""},
+	} {
+		h := newHistory()
+		h.storeStarted("s0")
+		h.storeStarted("s1")
+		h.write(0, "a", "a1", on("s0", 100), false, 0, at(on("s0", 101)), nil)
+		h.write(1, "b", "b1", on("s0", 110), false, 1, at(on("s0", 111)), nil)
+		c.writes(h)
+		v := h.checkTokens()
+		switch {
+		case c.want == "" && len(v) > 0:
+			t.Errorf("%s: violations %q, want none", c.name, v)
+		case c.want != "" && (len(v) != 1 || !strings.Contains(v[0], c.want)):
+			t.Errorf("%s: violations %q, want one %q", c.name, v, c.want)
+		}
+	}
+}
+
 func TestRegisterModel(t *testing.T) {
 	w := func(v string, call, ret int64) porcupine.Operation {
 		return porcupine.Operation{Input: regOp{write: true, value: v}, Output: regOut{}, Call: call, Return: ret}
 	}
 	r := func(v string, call, ret int64) porcupine.Operation {
 		return porcupine.Operation{ClientId: 1, Input: regOp{}, Output: regOut{value: v}, Call: call, Return: ret}
+	}
+	restart := func(call, ret int64) porcupine.Operation {
+		return porcupine.Operation{ClientId: 2, Input: regOp{write: true, restart: true}, Output: regOut{}, Call: call, Return: ret}
 	}
 	for _, c := range []struct {
 		name string
@@ -46,6 +95,11 @@ func TestRegisterModel(t *testing.T) {
 		{"stale read", []porcupine.Operation{w("a", 0, 1), w("b", 2, 3), r("a", 4, 5)}, porcupine.Illegal},
 		{"unknown write may land late", []porcupine.Operation{w("a", 0, unknownReturn), r("", 2, 3), r("a", 4, 5)}, porcupine.Ok},
 		{"a refused write (not in the history) is read", []porcupine.Operation{r("x", 0, 1)}, porcupine.Illegal},
+		{"a restart loses the register", []porcupine.Operation{w("a", 0, 1), restart(2, 5), r("", 6, 7)}, porcupine.Ok},
+		{"read during a restart, before the loss", []porcupine.Operation{w("a", 0, 1), restart(2, 5), r("a", 3, 4), r("", 6, 7)}, porcupine.Ok},
+		{"the register survives a restart", []porcupine.Operation{w("a", 0, 1), restart(2, 5), r("a", 6, 7)}, porcupine.Illegal},
+		{"lost before the restart", []porcupine.Operation{w("a", 0, 1), r("", 2, 3), restart(4, 5)}, porcupine.Illegal},
+		{"a write after the restart stays", []porcupine.Operation{restart(0, 1), w("b", 2, 3), r("b", 4, 5)}, porcupine.Ok},
 	} {
 		if got := porcupine.CheckOperations(registerModel, c.ops); (got && c.want != porcupine.Ok) || (!got && c.want == porcupine.Ok) {
 			t.Errorf("%s: linearizable %v, want %s", c.name, got, c.want)

@@ -17,10 +17,13 @@ import (
 )
 
 // The register: one key, read and written with unconditional SETs. Its model
-// state is the key's value; "" is a missing key (nobody writes "").
+// state is the key's value; "" is a missing key (nobody writes ""). A store
+// restart loses every key: it is a write of "" at some time between the
+// old store's Close and the new store's start.
 type regOp struct {
-	write bool
-	value string // the value written
+	write   bool
+	value   string // the value written
+	restart bool   // a store restart: a write of "", by nobody
 }
 
 type regOut struct {
@@ -38,6 +41,9 @@ var registerModel = porcupine.Model{
 	},
 	DescribeOperation: func(input, output any) string {
 		in := input.(regOp)
+		if in.restart {
+			return "store restart: every key lost"
+		}
 		if in.write {
 			if output == nil {
 				return fmt.Sprintf("set(%q) -> ?", in.value)
@@ -55,7 +61,7 @@ const unknownReturn = math.MaxInt64
 
 // ackedWrite is a write of the register the store accepted.
 type ackedWrite struct {
-	version hlc.Timestamp // the key's version it made
+	version hlc.Timestamp // the key's version it made; its node names the store
 	token   hlc.Timestamp // the fencing token it carried
 	who     string        // candidate
 	paused  bool          // written after a pause, with the token from before it
@@ -87,6 +93,7 @@ type history struct {
 	terms       []*termRecord
 	annotations []porcupine.Annotation
 	wrote       chan struct{} // closed and replaced on each accepted write
+	stores      []string      // the node id of each store started, in order
 }
 
 func newHistory() *history {
@@ -145,6 +152,25 @@ func (h *history) write(lane int, who string, value string, token hlc.Timestamp,
 	}
 }
 
+// storeStarted records a store that starts with node id node: the versions
+// it gives come after those of the stores started before it, whatever
+// their clocks say.
+func (h *history) storeStarted(node string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.stores = append(h.stores, node)
+}
+
+// restarted records a store restart that began at call (the old store's
+// Close) and ended at ret (the new store's start): the register was lost at
+// some time in between.
+func (h *history) restarted(lane int, call, ret int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.ops = append(h.ops, porcupine.Operation{ClientId: lane, Input: regOp{write: true, restart: true},
+		Output: regOut{}, Call: call, Return: ret})
+}
+
 // wroteSince returns a channel closed by the next accepted write, and
 // whether a write was accepted after t already.
 func (h *history) wroteSince(t int64) (<-chan struct{}, bool) {
@@ -181,16 +207,42 @@ func (h *history) fault(start, end int64, what string) {
 		Description: what, BackgroundColor: "#fbd5b5"})
 }
 
+// storeOrder returns how the stores started so far order versions and
+// tokens: by store first, in the order the stores started (a version's node
+// names its store), then by version. A restarted store's clock may be behind
+// the versions its predecessor gave (its clock may have stepped back, or
+// clients' clocks ahead may have pushed the old store's), and a candidate
+// that never saw the last term's token cannot push the new store past it:
+// the store's order is the only one that holds across a restart.
+func (h *history) storeOrder() func(a, b hlc.Timestamp) int {
+	h.mu.Lock()
+	store := make(map[string]int, len(h.stores))
+	for i, node := range h.stores {
+		store[node] = i
+	}
+	h.mu.Unlock()
+	return func(a, b hlc.Timestamp) int {
+		return cmp.Or(cmp.Compare(store[a.Node], store[b.Node]), a.Compare(b))
+	}
+}
+
 // checkTokens returns the violations of the token order: accepted writes,
 // in the store's version order, must carry non-decreasing tokens (so the
 // writes of two terms never interleave), and a token is one candidate's.
+// Across store restarts, versions and tokens are ordered by store first
+// (see storeOrder): a term of an earlier store must not write after a term
+// of a later one has. A write sent after a pause, with a token from an
+// earlier store than the one that accepted it, is left out: the register's
+// fence, lost with that store, was all that stood in its way.
 func (h *history) checkTokens() []string {
 	h.mu.Lock()
 	acked := slices.Clone(h.acked)
 	h.mu.Unlock()
-	slices.SortFunc(acked, func(a, b ackedWrite) int { return a.version.Compare(b.version) })
+	order := h.storeOrder()
+	slices.SortFunc(acked, func(a, b ackedWrite) int { return order(a.version, b.version) })
 	var v []string
 	owner := map[hlc.Timestamp]string{}
+	var prev *ackedWrite // the last write compared
 	for i, w := range acked {
 		if o, ok := owner[w.token]; ok && o != w.who {
 			v = append(v, fmt.Sprintf("token %v used by %s and %s", w.token, o, w.who))
@@ -199,11 +251,14 @@ func (h *history) checkTokens() []string {
 		if i > 0 && w.version.Compare(acked[i-1].version) == 0 {
 			v = append(v, fmt.Sprintf("two accepted writes have version %v", w.version))
 		}
-		if i > 0 && w.token.Before(acked[i-1].token) {
-			p := acked[i-1]
-			v = append(v, fmt.Sprintf("terms interleave: write at %v by %s with token %v (paused %v) accepted after write at %v by %s with token %v",
-				w.version, w.who, w.token, w.paused, p.version, p.who, p.token))
+		if w.paused && w.token.Node != w.version.Node && order(w.token, w.version) < 0 {
+			continue // fenced by a lost store only
 		}
+		if prev != nil && order(w.token, prev.token) < 0 {
+			v = append(v, fmt.Sprintf("terms interleave: write at %v by %s with token %v (paused %v) accepted after write at %v by %s with token %v",
+				w.version, w.who, w.token, w.paused, prev.version, prev.who, prev.token))
+		}
+		prev = &acked[i]
 	}
 	return v
 }
