@@ -76,9 +76,25 @@ var faultKinds = []struct {
 	// until the next jump or the end of the faults).
 	{"store clock", 1, onStore(func(s *schedule, srv *localstore.Server, cd *candidate, d time.Duration) fault {
 		off := time.Duration(int64(d)*7919%int64(2*maxSkew)) - maxSkew
-		srv.SetClockOffset(off)
+		s.setClockOffset(srv, off)
 		return fault{what: fmt.Sprintf("store clock %+v", off.Round(time.Millisecond))}
 	})},
+	// The store restarts: it is closed, with every key and session, and a
+	// new one starts on the same address 0.1 to 2.5 s later. Every client
+	// reconnects to a store that knows nothing of it; the register is lost.
+	{"restart", 2, func(s *schedule, cd *candidate, d time.Duration) fault {
+		down := 100*time.Millisecond + (d-ttl/2)*8/3
+		start := s.h.now()
+		if s.stopStore() == nil {
+			return fault{skip: "no store runs"}
+		}
+		return fault{what: fmt.Sprintf("store restart, down %v", down.Round(time.Millisecond)), dur: down, heal: func() {
+			if err := s.startStore(); err != nil {
+				s.failures = append(s.failures, err.Error())
+			}
+			s.h.restarted(restartLane, start, s.h.now())
+		}}
+	}},
 	// A client's clock is set to an offset within ±maxSkew.
 	{"client clock", 1, func(s *schedule, cd *candidate, d time.Duration) fault {
 		off := time.Duration(int64(d)*104729%int64(2*maxSkew)) - maxSkew
@@ -129,8 +145,8 @@ func (s *schedule) draw() (kind int, cd *candidate, d time.Duration) {
 
 // injectFaults injects random faults for faultPhase, each healed after its
 // duration, then heals everything (clocks included) and returns how many
-// faults it injected.
-func (s *schedule) injectFaults(ctx context.Context) int {
+// faults of each kind it injected (skipped ones aside).
+func (s *schedule) injectFaults(ctx context.Context) map[string]int {
 	type pending struct {
 		at    time.Time
 		start int64
@@ -141,7 +157,7 @@ func (s *schedule) injectFaults(ctx context.Context) int {
 		p.f.heal()
 		s.h.fault(p.start, s.h.now(), p.f.what)
 	}
-	n := 0
+	n := map[string]int{}
 	end := time.Now().Add(faultPhase)
 	next := time.Now()
 	for ctx.Err() == nil {
@@ -162,8 +178,9 @@ func (s *schedule) injectFaults(ctx context.Context) int {
 			f := faultKinds[kind].inject(s, cd, d)
 			if f.skip != "" {
 				f.what = faultKinds[kind].name + " skipped: " + f.skip
+			} else {
+				n[faultKinds[kind].name]++
 			}
-			n++
 			if f.heal != nil {
 				open = append(open, pending{at: now.Add(f.dur), start: start, f: f})
 			} else {
@@ -186,7 +203,7 @@ func (s *schedule) injectFaults(ctx context.Context) int {
 		heal(p)
 	}
 	if srv := s.store(); srv != nil {
-		srv.SetClockOffset(0)
+		s.setClockOffset(srv, 0)
 	}
 	for _, cd := range s.cand {
 		cd.skew.Store(0)

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -53,6 +54,8 @@ const (
 	election      = "harness/leader"       // the election key
 	register      = "harness/register"     // the shared register
 	maxSkew       = 20 * time.Second       // client clock skew and store clock offsets, each way
+	restartLane   = candidates + 1         // the lane of store restarts in the history (the observer's is candidates)
+	restartLimit  = 5 * time.Second        // how long a restarted store may wait for its address to be free
 	opTimeout     = 2 * time.Second        // every read and write of the register
 	settle        = 300 * time.Millisecond // after the liveness write, before stopping
 )
@@ -60,6 +63,7 @@ const (
 // result is what one schedule did.
 type result struct {
 	ops, faults, takeovers, stale int
+	kinds                         map[string]int // faults injected, by kind
 	violations                    []string
 	slowStops, overlaps           int // reported, not violations
 }
@@ -99,6 +103,7 @@ func TestHarness(t *testing.T) {
 
 	var mu sync.Mutex
 	var total result
+	total.kinds = map[string]int{} // schedules with a fault of the kind
 	slots := make(chan struct{}, parallel)
 	t.Run("schedules", func(t *testing.T) {
 		for _, seed := range seeds {
@@ -110,6 +115,9 @@ func TestHarness(t *testing.T) {
 				mu.Lock()
 				total.ops += r.ops
 				total.faults += r.faults
+				for k := range r.kinds {
+					total.kinds[k]++
+				}
 				total.takeovers += r.takeovers
 				total.stale += r.stale
 				total.violations = append(total.violations, r.violations...)
@@ -125,6 +133,7 @@ func TestHarness(t *testing.T) {
 			})
 		}
 	})
+	t.Logf("schedules with each kind of fault (of %d): %s", len(seeds), kindCounts(total.kinds))
 	t.Logf("not violations, but worth a look: %d schedules slow to stop (over %v), %d terms that began before the previous one saw its end",
 		total.slowStops, slowStop, total.overlaps)
 	fmt.Printf("harness: %d schedules, %d ops, %d faults, %d takeovers, %d stale rejected, %d violations\n",
@@ -162,6 +171,11 @@ type schedule struct {
 
 	storeMu sync.Mutex
 	srv     *localstore.Server // the store running now; nil while it restarts
+	addr    string             // the stores' address, the same for every one
+	offset  time.Duration      // the store's clock offset, kept across restarts
+	stores  int                // stores started
+
+	failures []string // of the harness itself (a store that could not restart); the fault loop's only
 }
 
 // store returns the store running now, or nil while it restarts. Faults
@@ -172,6 +186,64 @@ func (s *schedule) store() *localstore.Server {
 	return s.srv
 }
 
+// startStore starts a store on the schedule's address (a free port for the
+// first) and makes it the store running now. The new store keeps nothing of
+// the one before it but its clock offset: the same machine's clock. Each
+// store has its own node id, so that a version tells which store gave it
+// (see history.checkTokens).
+//
+// The address may be briefly taken, by a connection's ephemeral port: it
+// tries again for up to restartLimit.
+func (s *schedule) startStore() error {
+	s.storeMu.Lock()
+	addr, offset := s.addr, s.offset
+	s.stores++
+	node := "statestore"
+	if s.stores > 1 {
+		node = fmt.Sprintf("statestore%d", s.stores)
+	}
+	s.storeMu.Unlock()
+	cfg := localstore.Config{Addr: addr, NodeID: node,
+		Logger: slog.New(slog.NewTextHandler(&s.log, &slog.HandlerOptions{Level: slog.LevelDebug})).With("store", node)}
+	deadline := time.Now().Add(restartLimit)
+	for {
+		srv, err := localstore.Start(cfg)
+		if err == nil {
+			srv.SetClockOffset(offset)
+			s.h.storeStarted(node)
+			s.storeMu.Lock()
+			s.srv, s.addr = srv, srv.Addr()
+			s.storeMu.Unlock()
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("start store %s on %q: %w", node, addr, err)
+		}
+		s.sleep(context.Background(), 20*time.Millisecond)
+	}
+}
+
+// stopStore closes the store running now, if any, and returns it.
+func (s *schedule) stopStore() *localstore.Server {
+	s.storeMu.Lock()
+	srv := s.srv
+	s.srv = nil
+	s.storeMu.Unlock()
+	if srv != nil {
+		_ = srv.Close()
+	}
+	return srv
+}
+
+// setClockOffset sets the clock offset of the store running now, and of the
+// stores started after it.
+func (s *schedule) setClockOffset(srv *localstore.Server, off time.Duration) {
+	s.storeMu.Lock()
+	s.offset = off
+	s.storeMu.Unlock()
+	srv.SetClockOffset(off)
+}
+
 func runSchedule(t *testing.T, seed int64, v variant) result {
 	s := &schedule{t: t, seed: seed, v: v, rng: rand.New(rand.NewPCG(uint64(seed), 0x64_73_73_6c_6f_63_6b)), h: newHistory()}
 	var res result
@@ -179,18 +251,18 @@ func runSchedule(t *testing.T, seed int64, v variant) result {
 		res.violations = append(res.violations, fmt.Sprintf(format, args...))
 	}
 
-	srv, err := localstore.Start(localstore.Config{Logger: slog.New(slog.NewTextHandler(&s.log, &slog.HandlerOptions{Level: slog.LevelDebug}))})
-	if err != nil {
-		t.Fatalf("localstore.Start: %v", err)
+	if err := s.startStore(); err != nil {
+		t.Fatal(err)
 	}
-	s.srv = srv
-	defer srv.Close()
+	defer s.stopStore()
+	addr := s.store().Addr()
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for i := range candidates {
 		cd := &candidate{id: fmt.Sprintf("s%d-c%d", seed, i), lane: i}
-		if cd.proxy, err = faultproxy.Start(srv.Addr(), faultproxy.Options{}); err != nil {
+		var err error
+		if cd.proxy, err = faultproxy.Start(addr, faultproxy.Options{}); err != nil {
 			t.Fatalf("faultproxy.Start: %v", err)
 		}
 		defer cd.proxy.Close()
@@ -206,7 +278,10 @@ func runSchedule(t *testing.T, seed int64, v variant) result {
 		defer cd.c.Close()
 		s.cand = append(s.cand, cd)
 	}
-	observer, err := sskv.Dial(ctx, sskv.Config{Addr: srv.Addr(), ClientID: fmt.Sprintf("s%d-observer", seed)})
+	// The observer is not behind a proxy, and no fault aims at it but the
+	// store's restarts, after which it reconnects as soon as the candidates.
+	observer, err := sskv.Dial(ctx, sskv.Config{Addr: addr, ClientID: fmt.Sprintf("s%d-observer", seed),
+		ReconnectMin: 10 * time.Millisecond, ReconnectMax: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatalf("Dial observer: %v", err)
 	}
@@ -226,7 +301,11 @@ func runSchedule(t *testing.T, seed int64, v variant) result {
 	observing.Go(func() { s.observe(runCtx, observer) })
 
 	// Faults, then healing, then a leader must write again.
-	res.faults = s.injectFaults(runCtx)
+	res.kinds = s.injectFaults(runCtx)
+	for _, n := range res.kinds {
+		res.faults += n
+	}
+	res.violations = append(res.violations, s.failures...)
 	healed := s.h.now()
 	if !s.waitWrite(runCtx, healed, livenessLimit) {
 		st, err := leader.Leader(ctx, observer, election)
@@ -290,6 +369,18 @@ func runSchedule(t *testing.T, seed int64, v variant) result {
 		s.writeLog()
 	}
 	return res
+}
+
+// kindCounts formats counts by fault kind, in the order of faultKinds.
+func kindCounts(n map[string]int) string {
+	var b strings.Builder
+	for _, k := range faultKinds {
+		if b.Len() > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s %d", k.name, n[k.name])
+	}
+	return b.String()
 }
 
 // campaign runs the candidate's Elector until ctx ends. Run returns early
