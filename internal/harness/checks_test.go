@@ -3,10 +3,12 @@ package harness_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/anishathalye/porcupine"
 
 	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/leader"
 	"github.com/dsslock/dsslock/sskv"
 )
 
@@ -124,4 +126,56 @@ func TestHarnessCatchesUnfencedWrites(t *testing.T) {
 		}
 	}
 	t.Fatal("six schedules of unfenced leaders showed no interleaved terms")
+}
+
+// TestObserverCatchesTokensGoingBack feeds the observer's check the states
+// of a key re-created by an older term, with that term still leading (a
+// violation) or ended (a late request: counted, not a violation).
+func TestObserverCatchesTokensGoingBack(t *testing.T) {
+	on := func(node string, wall int64) hlc.Timestamp { return hlc.Timestamp{Wall: wall, Node: node} }
+	a := leader.State{ID: "a", Token: on("s0", 10)}
+	b := leader.State{ID: "b", Token: on("s0", 20)}
+	none := leader.State{}
+	resync := func(s leader.State) leader.State { s.Resync = true; return s }
+	for _, c := range []struct {
+		name       string
+		states     []leader.State
+		aLives     bool
+		violations int
+		late       int
+	}{
+		{"a term, a Resync of it, the next", []leader.State{none, a, resync(a), none, b}, true, 0, 0},
+		{"a goes on after b", []leader.State{a, b, none, a}, true, 1, 0},
+		{"a's key re-created by a late request after b", []leader.State{a, b, none, a}, false, 0, 1},
+		{"a goes on after its key was deleted", []leader.State{a, none, a}, true, 1, 0},
+		{"a new term with an older token", []leader.State{b, none, a}, true, 1, 0},
+		{"a new store whose clock is behind", []leader.State{b, resync(none), {ID: "a", Token: on("s1", 5)}}, true, 0, 0},
+	} {
+		h := newHistory()
+		h.lossGrace = 0
+		h.storeStarted("s0")
+		h.storeStarted("s1")
+		h.termStarted(0, "a", a.Token, func() bool { return c.aLives })
+		h.termStarted(0, "a", on("s1", 5), func() bool { return c.aLives })
+		for _, st := range c.states {
+			h.observed(st)
+		}
+		v, late := h.checkObserver()
+		if len(v) != c.violations || len(late) != c.late {
+			t.Errorf("%s: violations %q, late %q; want %d and %d", c.name, v, late, c.violations, c.late)
+		}
+	}
+
+	// A late renewal re-creates a's key just before a acts on the news
+	// that the key was deleted: a is given until lossGrace to end.
+	h := newHistory()
+	h.lossGrace = 100 * time.Millisecond
+	ends := time.Now().Add(20 * time.Millisecond)
+	h.termStarted(0, "a", a.Token, func() bool { return time.Now().Before(ends) })
+	for _, st := range []leader.State{a, none, a} {
+		h.observed(st)
+	}
+	if v, late := h.checkObserver(); len(v) != 0 || len(late) != 1 {
+		t.Errorf("a ends soon after its late renewal: violations %q, late %q; want none and one", v, late)
+	}
 }

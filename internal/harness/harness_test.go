@@ -65,7 +65,7 @@ type result struct {
 	ops, faults, takeovers, stale int
 	kinds                         map[string]int // faults injected, by kind
 	violations                    []string
-	slowStops, overlaps           int // reported, not violations
+	slowStops, overlaps, lateKeys int // reported, not violations
 }
 
 func envInt(t *testing.T, name string, def int64) int64 {
@@ -123,6 +123,7 @@ func TestHarness(t *testing.T) {
 				total.violations = append(total.violations, r.violations...)
 				total.slowStops += r.slowStops
 				total.overlaps += r.overlaps
+				total.lateKeys += r.lateKeys
 				mu.Unlock()
 				for _, v := range r.violations {
 					t.Errorf("seed %d: %s", seed, v)
@@ -134,8 +135,8 @@ func TestHarness(t *testing.T) {
 		}
 	})
 	t.Logf("schedules with each kind of fault (of %d): %s", len(seeds), kindCounts(total.kinds))
-	t.Logf("not violations, but worth a look: %d schedules slow to stop (over %v), %d terms that began before the previous one saw its end",
-		total.slowStops, slowStop, total.overlaps)
+	t.Logf("not violations, but worth a look: %d schedules slow to stop (over %v), %d terms that began before the previous one saw its end, %d keys of ended terms re-created by late requests",
+		total.slowStops, slowStop, total.overlaps, total.lateKeys)
 	fmt.Printf("harness: %d schedules, %d ops, %d faults, %d takeovers, %d stale rejected, %d violations\n",
 		len(seeds), total.ops, total.faults, total.takeovers, total.stale, len(total.violations))
 }
@@ -299,6 +300,7 @@ func runSchedule(t *testing.T, seed int64, v variant) result {
 	}
 	var observing sync.WaitGroup
 	observing.Go(func() { s.observe(runCtx, observer) })
+	observing.Go(func() { s.observeLeaders(runCtx, observer) })
 
 	// Faults, then healing, then a leader must write again.
 	res.kinds = s.injectFaults(runCtx)
@@ -348,6 +350,12 @@ func runSchedule(t *testing.T, seed int64, v variant) result {
 	unknown, notSent, refused := s.h.unknown, s.h.notSent, s.h.refused
 	s.h.mu.Unlock()
 	res.violations = append(res.violations, s.h.checkTokens()...)
+	stepsBack, late := s.h.checkObserver()
+	res.violations = append(res.violations, stepsBack...)
+	res.lateKeys = len(late)
+	for _, l := range late {
+		t.Logf("not a violation: %s, and that term had ended: a late request re-created its key", l)
+	}
 	check, info := porcupine.CheckOperationsVerbose(registerModel, ops, checkLimit)
 	switch check {
 	case porcupine.Illegal:
@@ -360,9 +368,9 @@ func runSchedule(t *testing.T, seed int64, v variant) result {
 	if slow {
 		res.slowStops = 1
 	}
-	t.Logf("%d ops (%d in history: %d of unknown outcome), %d faults, %d terms, %d stale rejected, %d not sent after a term ended, %d other refusals; %d believed terms overlapped (longest %v); a leader wrote %v after healing; stopped in %v; linearizable: %s",
+	t.Logf("%d ops (%d in history: %d of unknown outcome), %d faults, %d terms, %d stale rejected, %d not sent after a term ended, %d other refusals; %d believed terms overlapped (longest %v); a leader wrote %v after healing; stopped in %v; linearizable: %s; %d states observed",
 		res.ops, len(ops), unknown, res.faults, len(s.h.terms), res.stale, notSent, refused, overlaps, longest,
-		recovered.Round(time.Millisecond), stopped.Round(time.Millisecond), check)
+		recovered.Round(time.Millisecond), stopped.Round(time.Millisecond), check, s.h.observedStates())
 
 	if len(res.violations) > 0 || slow || os.Getenv("DSSLOCK_VISUALIZE") != "" {
 		s.visualize(info)
@@ -404,7 +412,10 @@ func (s *schedule) campaign(ctx context.Context, cd *candidate, e *leader.Electo
 // its traffic held; it then writes with the token it had before the pause,
 // not knowing whether it still leads.
 func (s *schedule) lead(ctx context.Context, cd *candidate, t *leader.Term) error {
-	rec := s.h.termStarted(cd.lane, cd.id, t.Token())
+	rec := s.h.termStarted(cd.lane, cd.id, t.Token(), func() bool {
+		_, err := t.FencingToken()
+		return err == nil
+	})
 	defer s.h.termEnded(rec)
 	cd.term.Store(t)
 	defer cd.term.Store(nil)
@@ -475,6 +486,19 @@ func (s *schedule) observe(ctx context.Context, c *sskv.Client) {
 		cancel()
 		s.h.read(candidates, call, g, err)
 		s.sleep(ctx, readPace)
+	}
+}
+
+// observeLeaders records the election's states, as leader.Observe reports
+// them, until ctx ends.
+func (s *schedule) observeLeaders(ctx context.Context, c *sskv.Client) {
+	states, err := leader.Observe(ctx, c, election)
+	if err != nil {
+		s.t.Errorf("seed %d: Observe: %v", s.seed, err)
+		return
+	}
+	for st := range states {
+		s.h.observed(st)
 	}
 }
 

@@ -72,8 +72,9 @@ type termRecord struct {
 	who        string
 	lane       int
 	token      hlc.Timestamp
-	start, end int64 // work started; work saw its context end (0: not yet)
-	paused     bool  // its work was paused (and so saw the end late)
+	start, end int64       // work started; work saw its context end (0: not yet)
+	paused     bool        // its work was paused (and so saw the end late)
+	live       func() bool // whether the term still leads
 }
 
 // history records one schedule: operations for porcupine, accepted writes
@@ -94,10 +95,14 @@ type history struct {
 	annotations []porcupine.Annotation
 	wrote       chan struct{} // closed and replaced on each accepted write
 	stores      []string      // the node id of each store started, in order
+
+	obs       observations  // the election's states, as the observer got them
+	lossGrace time.Duration // see observations
 }
 
 func newHistory() *history {
-	return &history{start: time.Now(), wrote: make(chan struct{})}
+	return &history{start: time.Now(), wrote: make(chan struct{}), lossGrace: lossGrace,
+		obs: observations{seen: map[hlc.Timestamp]int64{}, gone: map[hlc.Timestamp]int64{}}}
 }
 
 // now is the time since the schedule began, on the monotonic clock.
@@ -179,10 +184,12 @@ func (h *history) wroteSince(t int64) (<-chan struct{}, bool) {
 	return h.wrote, h.lastAcked > t
 }
 
-func (h *history) termStarted(lane int, who string, token hlc.Timestamp) *termRecord {
+// termStarted records a term whose work starts now; live reports whether it
+// still leads.
+func (h *history) termStarted(lane int, who string, token hlc.Timestamp, live func() bool) *termRecord {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	r := &termRecord{who: who, lane: lane, token: token, start: h.now()}
+	r := &termRecord{who: who, lane: lane, token: token, start: h.now(), live: live}
 	h.terms = append(h.terms, r)
 	return r
 }
@@ -205,6 +212,15 @@ func (h *history) fault(start, end int64, what string) {
 	defer h.mu.Unlock()
 	h.annotations = append(h.annotations, porcupine.Annotation{Tag: "faults", Start: start, End: end,
 		Description: what, BackgroundColor: "#fbd5b5"})
+}
+
+// annotate marks an event on a lane of the visualization; end 0 means an
+// instant.
+func (h *history) annotate(lane int, start, end int64, what string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.annotations = append(h.annotations, porcupine.Annotation{ClientId: lane, Start: start, End: end,
+		Description: what, BackgroundColor: "#f5b5b5"})
 }
 
 // storeOrder returns how the stores started so far order versions and
