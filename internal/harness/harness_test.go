@@ -162,13 +162,14 @@ type variant struct {
 
 // schedule is one run: a store, candidates, an observer and a fault loop.
 type schedule struct {
-	t    *testing.T
-	seed int64
-	v    variant
-	rng  *rand.Rand // the fault loop's only
-	h    *history
-	cand []*candidate
-	log  lockedBuf // the store's debug log, and goroutine dumps
+	t      *testing.T
+	seed   int64
+	v      variant
+	rng    *rand.Rand // the fault loop's only
+	h      *history
+	cand   []*candidate
+	log    lockedBuf    // the stores', clients' and history's debug log, and goroutine dumps
+	logger *slog.Logger // writes to log
 
 	storeMu sync.Mutex
 	srv     *localstore.Server // the store running now; nil while it restarts
@@ -204,8 +205,7 @@ func (s *schedule) startStore() error {
 		node = fmt.Sprintf("statestore%d", s.stores)
 	}
 	s.storeMu.Unlock()
-	cfg := localstore.Config{Addr: addr, NodeID: node,
-		Logger: slog.New(slog.NewTextHandler(&s.log, &slog.HandlerOptions{Level: slog.LevelDebug})).With("store", node)}
+	cfg := localstore.Config{Addr: addr, NodeID: node, Logger: s.logger.With("store", node)}
 	deadline := time.Now().Add(restartLimit)
 	for {
 		srv, err := localstore.Start(cfg)
@@ -247,6 +247,9 @@ func (s *schedule) setClockOffset(srv *localstore.Server, off time.Duration) {
 
 func runSchedule(t *testing.T, seed int64, v variant) result {
 	s := &schedule{t: t, seed: seed, v: v, rng: rand.New(rand.NewPCG(uint64(seed), 0x64_73_73_6c_6f_63_6b)), h: newHistory()}
+	s.logger = slog.New(slog.NewTextHandler(&s.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	s.h.log = s.logger.With("harness", seed)
+	s.logger.Info("schedule starts; at= in harness lines is the time since", "seed", seed)
 	var res result
 	violate := func(format string, args ...any) {
 		res.violations = append(res.violations, fmt.Sprintf(format, args...))
@@ -272,6 +275,7 @@ func runSchedule(t *testing.T, seed int64, v variant) result {
 			KeepAlive: time.Second, PingTimeout: 500 * time.Millisecond,
 			ReconnectMin: 10 * time.Millisecond, ReconnectMax: 200 * time.Millisecond,
 			WallClock: func() time.Time { return time.Now().Add(time.Duration(cd.skew.Load())) },
+			Logger:    s.logger.With("client", cd.id),
 		})
 		if err != nil {
 			t.Fatalf("Dial %s: %v", cd.id, err)
@@ -292,7 +296,8 @@ func runSchedule(t *testing.T, seed int64, v variant) result {
 	runCtx, stop := context.WithCancel(ctx)
 	for _, cd := range s.cand {
 		e, err := leader.NewElector(cd.c, election, []byte(cd.id), leader.WithCandidateID(cd.id),
-			leader.WithTTL(ttl), leader.WithRenewInterval(renewInterval), leader.WithRenewDeadline(renewDeadline))
+			leader.WithTTL(ttl), leader.WithRenewInterval(renewInterval), leader.WithRenewDeadline(renewDeadline),
+			leader.WithLogger(s.logger.With("candidate", cd.id)))
 		if err != nil {
 			t.Fatalf("NewElector: %v", err)
 		}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"slices"
 	"sync"
@@ -98,10 +99,11 @@ type history struct {
 
 	obs       observations  // the election's states, as the observer got them
 	lossGrace time.Duration // see observations
+	log       *slog.Logger  // a line for each fault, term and observed state
 }
 
 func newHistory() *history {
-	return &history{start: time.Now(), wrote: make(chan struct{}), lossGrace: lossGrace,
+	return &history{start: time.Now(), wrote: make(chan struct{}), lossGrace: lossGrace, log: slog.New(slog.DiscardHandler),
 		obs: observations{seen: map[hlc.Timestamp]int64{}, gone: map[hlc.Timestamp]int64{}}}
 }
 
@@ -191,6 +193,7 @@ func (h *history) termStarted(lane int, who string, token hlc.Timestamp, live fu
 	defer h.mu.Unlock()
 	r := &termRecord{who: who, lane: lane, token: token, start: h.now(), live: live}
 	h.terms = append(h.terms, r)
+	h.log.Info("term's work starts", "at", time.Duration(r.start), "candidate", who, "token", token)
 	return r
 }
 
@@ -198,6 +201,7 @@ func (h *history) termEnded(r *termRecord) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	r.end = h.now()
+	h.log.Info("term's work ends", "at", time.Duration(r.end), "candidate", r.who, "token", r.token)
 }
 
 func (h *history) markPaused(r *termRecord) {
@@ -212,6 +216,7 @@ func (h *history) fault(start, end int64, what string) {
 	defer h.mu.Unlock()
 	h.annotations = append(h.annotations, porcupine.Annotation{Tag: "faults", Start: start, End: end,
 		Description: what, BackgroundColor: "#fbd5b5"})
+	h.log.Info("fault", "at", time.Duration(start), "until", time.Duration(end), "what", what)
 }
 
 // annotate marks an event on a lane of the visualization; end 0 means an

@@ -61,6 +61,7 @@ func (h *history) observed(st leader.State) {
 	defer o.mu.Unlock()
 	now := h.now()
 	o.n++
+	h.log.Info("observed", "at", time.Duration(now), "leader", st.ID, "token", st.Token.String(), "resync", st.Resync)
 	prev := o.last
 	o.last = st
 	if st.Token == prev.Token {
