@@ -6,6 +6,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/dsslock/dsslock/lock"
+	"github.com/dsslock/dsslock/sskv"
 	"github.com/dsslock/dsslock/sskv/localstore"
 )
 
@@ -95,6 +97,21 @@ var faultKinds = []struct {
 			s.h.restarted(restartLane, start, s.h.now())
 		}}
 	}},
+	// The election's key is deleted by hand while its holder is away: the
+	// leader's connection is blackholed (or held both ways), and an
+	// administrator reads the key's record and deletes it, fenced with the
+	// token it records. Another candidate may take over before the leader's
+	// connection heals, or it reconnects.
+	{"delete key", 2, onStore(func(s *schedule, srv *localstore.Server, cd *candidate, d time.Duration) fault {
+		cd = s.leaderOr(cd)
+		away, back := "blackholed", cd.proxy.Heal
+		if int(d)%2 == 1 && srv.Hold(cd.id, localstore.Both) == nil {
+			away, back = "held", func() { srv.Release(cd.id) }
+		} else {
+			cd.proxy.Blackhole()
+		}
+		return fault{what: fmt.Sprintf("%s %s: %s", away, cd.id, s.deleteKey()), dur: d, heal: back}
+	})},
 	// A client's clock is set to an offset within ±maxSkew.
 	{"client clock", 1, func(s *schedule, cd *candidate, d time.Duration) fault {
 		off := time.Duration(int64(d)*104729%int64(2*maxSkew)) - maxSkew
@@ -115,6 +132,37 @@ func onStore(inject func(s *schedule, srv *localstore.Server, cd *candidate, d t
 		}
 		return inject(s, srv, cd, d)
 	}
+}
+
+// leaderOr returns the candidate whose work runs as leader now, or cd if
+// none does.
+func (s *schedule) leaderOr(cd *candidate) *candidate {
+	for _, c := range s.cand {
+		if c.term.Load() != nil {
+			return c
+		}
+	}
+	return cd
+}
+
+// deleteKey deletes the election's key from the administrator's client,
+// fenced with the token its record holds, and says what it did.
+func (s *schedule) deleteKey() string {
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	g, err := s.admin.Get(ctx, election)
+	if err != nil {
+		return fmt.Sprintf("delete key: GET: %v", err)
+	}
+	h := lock.ParseHolder(g.Value, g.Version)
+	if !h.Held() {
+		return "delete key: nobody holds it"
+	}
+	r, err := s.admin.Del(ctx, election, sskv.DelOptions{FencingToken: h.Token})
+	if err != nil {
+		return fmt.Sprintf("delete key of %s (token %v): DEL: %v", h.ID, h.Token, err)
+	}
+	return fmt.Sprintf("delete key of %s (token %v): deleted %v", h.ID, h.Token, r.Deleted)
 }
 
 // draw picks a fault kind, a target and a duration. It draws the same

@@ -168,6 +168,7 @@ type schedule struct {
 	rng    *rand.Rand // the fault loop's only
 	h      *history
 	cand   []*candidate
+	admin  *sskv.Client // the observer's client, not behind a proxy: an administrator's
 	log    lockedBuf    // the stores', clients' and history's debug log, and goroutine dumps
 	logger *slog.Logger // writes to log
 
@@ -285,12 +286,14 @@ func runSchedule(t *testing.T, seed int64, v variant) result {
 	}
 	// The observer is not behind a proxy, and no fault aims at it but the
 	// store's restarts, after which it reconnects as soon as the candidates.
+	// It also deletes keys, as an administrator would.
 	observer, err := sskv.Dial(ctx, sskv.Config{Addr: addr, ClientID: fmt.Sprintf("s%d-observer", seed),
 		ReconnectMin: 10 * time.Millisecond, ReconnectMax: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatalf("Dial observer: %v", err)
 	}
 	defer observer.Close()
+	s.admin = observer
 
 	// Candidates campaign until runCtx ends; the observer reads throughout.
 	runCtx, stop := context.WithCancel(ctx)
