@@ -112,6 +112,25 @@ var faultKinds = []struct {
 		}
 		return fault{what: fmt.Sprintf("%s %s: %s", away, cd.id, s.deleteKey()), dur: d, heal: back}
 	})},
+	// Requests the store executed are sent again: the traffic from the
+	// store to the leader is held (its PUBACKs and responses wait) for at
+	// least a renew interval, so that its requests stay unacknowledged in
+	// its MQTT session, and then its connection is dropped. It reconnects,
+	// resumes its session, and paho sends every unacknowledged request again
+	// (QoS 1), which the store executes again.
+	{"redeliver", 2, onStore(func(s *schedule, srv *localstore.Server, cd *candidate, d time.Duration) fault {
+		cd = s.leaderOr(cd)
+		hold := renewInterval + (d-ttl/2)/3
+		before := srv.Requests(cd.id)
+		if err := srv.Hold(cd.id, localstore.FromStore); err != nil {
+			return fault{what: "redeliver " + cd.id + ": not connected"}
+		}
+		return fault{what: fmt.Sprintf("hold %s from store, then drop it", cd.id), dur: hold, heal: func() {
+			n := srv.Requests(cd.id) - before
+			_ = srv.Drop(cd.id)
+			s.h.fault(s.h.now(), 0, fmt.Sprintf("drop %s: %d requests unacknowledged, to be sent again", cd.id, n))
+		}}
+	})},
 	// A client's clock is set to an offset within ±maxSkew.
 	{"client clock", 1, func(s *schedule, cd *candidate, d time.Duration) fault {
 		off := time.Duration(int64(d)*104729%int64(2*maxSkew)) - maxSkew
