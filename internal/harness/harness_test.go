@@ -34,6 +34,10 @@ import (
 //   - 1152: the leader's read lost its answer, and the harness's work waited
 //     the RequestTimeout for it while the term went on. Not a library bug:
 //     the work now bounds each request, as a careful user's would.
+//
+// Adding the store restart, key deletion and redelivery faults changed the
+// draws: these seeds no longer replay the sequences that found those bugs,
+// but they still run first.
 var regressions = []int64{1084, 1152}
 
 // Timing of every schedule. The lease is short so that a schedule sees

@@ -61,7 +61,11 @@ func (h *history) observed(st leader.State) {
 	defer o.mu.Unlock()
 	now := h.now()
 	o.n++
-	h.log.Info("observed", "at", time.Duration(now), "leader", st.ID, "token", st.Token.String(), "resync", st.Resync)
+	if st.HasLeader() {
+		h.log.Info("observed", "at", time.Duration(now), "leader", st.ID, "token", st.Token.String(), "resync", st.Resync)
+	} else {
+		h.log.Info("observed: no leader", "at", time.Duration(now), "resync", st.Resync)
+	}
 	prev := o.last
 	o.last = st
 	if st.Token == prev.Token {
