@@ -10,23 +10,25 @@ import (
 )
 
 // observations are the election's states as an observer (leader.Observe)
-// got them. A term token must never go backwards: each new leader's token
-// must be above every token seen before it (in store order, see
-// history.storeOrder). A token that is not is a step back, and it is a
-// violation if its term still leads when it can no longer be excused:
+// got them. They say when terms must have stopped leading:
 //
-//   - a term older than the newest one seen must have ended by the renew
-//     deadline after that newer term was first seen: it cannot have renewed
-//     since the newer term took the key;
-//   - the newest term, seen again after its key was seen deleted (by hand, by
-//     a restart) or taken, must have ended by the renew deadline after that.
+//   - A term whose key the observer saw deleted (by hand, by expiry, lost
+//     with a store) or taken must stop leading by the renew deadline after
+//     that: every renewal it sent before had a deadline sooner, and one sent
+//     after can only have succeeded by re-creating the key.
+//   - A term token must never go back: each new leader's token must be above
+//     every token seen before it (in store order, see history.storeOrder).
+//     A token that is not is a step back; its term must have stopped
+//     leading by the renew deadline after the newer term was first seen (or,
+//     the newest term seen again, after its key was seen gone).
 //
-// A term that goes on past that point renewed a key that had been deleted
-// or taken: it re-created it, and carries on with an older token than a term
-// that came between. A step back whose term had ended by then is a key
-// re-created by a late request (a renewal held in the network): the library
-// documents it (the key expires after one TTL), so it is counted, not a
-// violation.
+// A term that still leads then is a violation: it renewed a key that had
+// been deleted or taken, re-creating it, and carries on with an older token
+// than a term that came between, or its work overlaps a newer term's for
+// longer than the lease allows. A step back whose term had ended by then is
+// a key re-created by a late request (a renewal held in the network): the
+// library documents it (the key expires after one TTL), so it is counted,
+// not a violation.
 type observations struct {
 	mu       sync.Mutex
 	n        int                     // states got
@@ -34,26 +36,27 @@ type observations struct {
 	newest   hlc.Timestamp           // the newest token seen
 	seen     map[hlc.Timestamp]int64 // when each token was first seen
 	gone     map[hlc.Timestamp]int64 // when each token was last seen replaced
-	steps    []*stepBack
-	checking sync.WaitGroup // step backs whose term is not yet checked
+	checks   []*termCheck
+	checking sync.WaitGroup // checks not yet made
 }
 
-// stepBack is a state whose token was not above every token seen before it.
-type stepBack struct {
-	at     int64         // when the observer got it
-	st     leader.State  // what it got
-	newest hlc.Timestamp // the newest token seen before
-	live   bool          // its term still led when checked
-	check  int64         // when it was checked
+// termCheck is a term that must have stopped leading by due.
+type termCheck struct {
+	token    hlc.Timestamp
+	saw      string // what the observer saw, and when
+	stepBack bool   // a step back, rather than a key gone
+	due      int64
+	live     bool  // the term still led when checked
+	checked  int64 // when it was checked (at due, or a little after)
 }
 
-// lossGrace is how long after the reference time of a step back its term
-// must have ended: the renew deadline, and a little for the term to act on
-// the news of its loss once it arrives (a watch event, a refused renewal).
+// lossGrace is how long after its key was seen gone a term must have
+// ended: the renew deadline, and a little for the term to act on the news of
+// its loss once it arrives (a watch event, a refused renewal).
 const lossGrace = renewDeadline + 100*time.Millisecond
 
-// observed records a state the observer got, and checks a step back's term
-// once lossGrace has passed since its reference time.
+// observed records a state the observer got, and schedules the checks of the
+// terms it says must stop leading.
 func (h *history) observed(st leader.State) {
 	order := h.storeOrder()
 	o := &h.obs
@@ -71,8 +74,10 @@ func (h *history) observed(st leader.State) {
 	if st.Token == prev.Token {
 		return // the same term (a Proclaim, a Resync), or still nobody
 	}
-	if !prev.Token.IsZero() {
+	if prev.HasLeader() {
 		o.gone[prev.Token] = now
+		h.checkTerm(&termCheck{token: prev.Token, due: now + int64(h.lossGrace),
+			saw: fmt.Sprintf("the observer saw the key of %s (token %v) gone at %v", prev.ID, prev.Token, ms(now))})
 	}
 	if !st.HasLeader() {
 		return
@@ -88,39 +93,53 @@ func (h *history) observed(st leader.State) {
 	if st.Token == o.newest {
 		ref = o.gone[st.Token]
 	}
-	b := &stepBack{at: now, st: st, newest: o.newest}
-	o.steps = append(o.steps, b)
-	h.annotate(candidates, now, 0, fmt.Sprintf("observer: %s leads with token %v, after token %v", st.ID, st.Token, o.newest))
+	what := fmt.Sprintf("the observer saw %s lead with token %v at %v, after token %v", st.ID, st.Token, ms(now), o.newest)
+	h.annotate(candidates, now, 0, what)
+	h.checkTerm(&termCheck{token: st.Token, stepBack: true, due: ref + int64(h.lossGrace), saw: what})
+}
+
+// checkTerm checks at c.due whether c's term still leads. The caller holds
+// h.obs.mu.
+func (h *history) checkTerm(c *termCheck) {
+	o := &h.obs
+	o.checks = append(o.checks, c)
 	o.checking.Add(1)
-	time.AfterFunc(time.Duration(max(ref+int64(h.lossGrace)-now, 0)), func() {
+	time.AfterFunc(time.Duration(max(c.due-h.now(), 0)), func() {
 		defer o.checking.Done()
-		live := h.termLive(st.Token)
+		live := h.termLive(c.token)
 		o.mu.Lock()
 		defer o.mu.Unlock()
-		b.live, b.check = live, h.now()
+		c.live, c.checked = live, h.now()
 	})
 }
 
-// checkObserver returns the violations of the observer's token order, and
-// the step backs of terms that had ended (keys re-created by late requests).
-// It waits for the checks still due.
+// checkObserver returns the violations the observer's states show, one for
+// each term at most, and the step backs of terms that had ended (keys
+// re-created by late requests). It waits for the checks still due.
 func (h *history) checkObserver() (v []string, late []string) {
 	o := &h.obs
 	o.checking.Wait()
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	for _, b := range o.steps {
-		what := fmt.Sprintf("the observer saw %s lead with token %v at %v, after token %v", b.st.ID, b.st.Token,
-			time.Duration(b.at).Round(time.Millisecond), b.newest)
-		if b.live {
-			v = append(v, fmt.Sprintf("term token went back: %s, and that term still led at %v", what,
-				time.Duration(b.check).Round(time.Millisecond)))
-		} else {
-			late = append(late, what)
+	found := map[hlc.Timestamp]bool{}
+	for _, c := range o.checks {
+		switch {
+		case c.live && !found[c.token]:
+			found[c.token] = true
+			what := "a term outlived its key"
+			if c.stepBack {
+				what = "term token went back"
+			}
+			v = append(v, fmt.Sprintf("%s: %s, and that term still led at %v", what, c.saw, ms(c.checked)))
+		case !c.live && c.stepBack:
+			late = append(late, c.saw)
 		}
 	}
 	return v, late
 }
+
+// ms formats a time of the schedule.
+func ms(t int64) time.Duration { return time.Duration(t).Round(time.Millisecond) }
 
 // observedStates returns how many states the observer got.
 func (h *history) observedStates() int {
