@@ -102,7 +102,7 @@ var faultKinds = []struct {
 	// administrator reads the key's record and deletes it, fenced with the
 	// token it records. Another candidate may take over before the leader's
 	// connection heals, or it reconnects.
-	{"delete key", 2, onStore(func(s *schedule, srv *localstore.Server, cd *candidate, d time.Duration) fault {
+	{"delete key", 3, onStore(func(s *schedule, srv *localstore.Server, cd *candidate, d time.Duration) fault {
 		cd = s.leaderOr(cd)
 		away, back := "blackholed", cd.proxy.Heal
 		if int(d)%2 == 1 && srv.Hold(cd.id, localstore.Both) == nil {
@@ -118,7 +118,7 @@ var faultKinds = []struct {
 	// its MQTT session, and then its connection is dropped. It reconnects,
 	// resumes its session, and paho sends every unacknowledged request again
 	// (QoS 1), which the store executes again.
-	{"redeliver", 2, onStore(func(s *schedule, srv *localstore.Server, cd *candidate, d time.Duration) fault {
+	{"redeliver", 3, onStore(func(s *schedule, srv *localstore.Server, cd *candidate, d time.Duration) fault {
 		cd = s.leaderOr(cd)
 		hold := renewInterval + (d-ttl/2)/3
 		before := srv.Requests(cd.id)
