@@ -171,6 +171,17 @@ func TestObserverCatchesTermsThatGoOn(t *testing.T) {
 		}
 	}
 
+	// A term that led when the store was closed must stop leading.
+	for _, leads := range []bool{false, true} {
+		h := newHistory()
+		h.lossGrace = 0
+		h.termStarted(0, "a", a.Token, func() bool { return leads })
+		h.storeLost()
+		if v, _ := h.checkObserver(); len(v) != map[bool]int{false: 0, true: 1}[leads] {
+			t.Errorf("a term that leads (%v) when the store is closed, and after: violations %q", leads, v)
+		}
+	}
+
 	// A late renewal re-creates a's key just before a acts on the news
 	// that the key was deleted: a is given until lossGrace to end.
 	h := newHistory()

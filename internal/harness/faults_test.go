@@ -90,6 +90,7 @@ var faultKinds = []struct {
 		if s.stopStore() == nil {
 			return fault{skip: "no store runs"}
 		}
+		s.h.storeLost()
 		return fault{what: fmt.Sprintf("store restart, down %v", down.Round(time.Millisecond)), dur: down, heal: func() {
 			if err := s.startStore(); err != nil {
 				s.failures = append(s.failures, err.Error())

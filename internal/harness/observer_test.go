@@ -2,6 +2,7 @@ package harness_test
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -13,9 +14,10 @@ import (
 // got them. They say when terms must have stopped leading:
 //
 //   - A term whose key the observer saw deleted (by hand, by expiry, lost
-//     with a store) or taken must stop leading by the renew deadline after
-//     that: every renewal it sent before had a deadline sooner, and one sent
-//     after can only have succeeded by re-creating the key.
+//     with a store) or taken, or that led when the store was closed, must
+//     stop leading by the renew deadline after that: every renewal it sent
+//     before had a deadline sooner, and one sent after can only have
+//     succeeded by re-creating the key.
 //   - A term token must never go back: each new leader's token must be above
 //     every token seen before it (in store order, see history.storeOrder).
 //     A token that is not is a step back; its term must have stopped
@@ -96,6 +98,25 @@ func (h *history) observed(st leader.State) {
 	what := fmt.Sprintf("the observer saw %s lead with token %v at %v, after token %v", st.ID, st.Token, ms(now), o.newest)
 	h.annotate(candidates, now, 0, what)
 	h.checkTerm(&termCheck{token: st.Token, stepBack: true, due: ref + int64(h.lossGrace), saw: what})
+}
+
+// storeLost checks that every term that leads now stops leading by
+// lossGrace from now: its key was lost with a store, just closed. The
+// observer may not see the key gone (it may reconnect after the key was
+// re-created), but the harness knows.
+func (h *history) storeLost() {
+	now := h.now()
+	h.mu.Lock()
+	terms := slices.Clone(h.terms)
+	h.mu.Unlock()
+	h.obs.mu.Lock()
+	defer h.obs.mu.Unlock()
+	for _, r := range terms {
+		if r.live != nil && r.live() {
+			h.checkTerm(&termCheck{token: r.token, due: now + int64(h.lossGrace),
+				saw: fmt.Sprintf("the key of %s (token %v) was lost with the store at %v", r.who, r.token, ms(now))})
+		}
+	}
 }
 
 // checkTerm checks at c.due whether c's term still leads. The caller holds
