@@ -101,17 +101,24 @@ var faultKinds = []struct {
 	// The election's key is deleted by hand while its holder is away: the
 	// leader's connection is blackholed (or held both ways), and an
 	// administrator reads the key's record and deletes it, fenced with the
-	// token it records. Another candidate may take over before the leader's
-	// connection heals, or it reconnects.
+	// token it records. Another candidate may take over. Then the path heals,
+	// delivering what it held, or the connection is cut, losing it: the
+	// leader reconnects at once, resumes its session and sends its
+	// unacknowledged requests again.
 	{"delete key", 3, onStore(func(s *schedule, srv *localstore.Server, cd *candidate, d time.Duration) fault {
 		cd = s.leaderOr(cd)
-		away, back := "blackholed", cd.proxy.Heal
-		if int(d)%2 == 1 && srv.Hold(cd.id, localstore.Both) == nil {
-			away, back = "held", func() { srv.Release(cd.id) }
+		how := int(d) % 4
+		away, heal, cut := "blackholed", cd.proxy.Heal, cd.proxy.Cut
+		if how&1 == 1 && srv.Hold(cd.id, localstore.Both) == nil {
+			away, heal, cut = "held", func() { srv.Release(cd.id) }, func() { _ = srv.Drop(cd.id) }
 		} else {
 			cd.proxy.Blackhole()
 		}
-		return fault{what: fmt.Sprintf("%s %s: %s", away, cd.id, s.deleteKey()), dur: d, heal: back}
+		then := "healed"
+		if how&2 == 2 {
+			then, heal = "cut", cut
+		}
+		return fault{what: fmt.Sprintf("%s %s, then %s: %s", away, cd.id, then, s.deleteKey()), dur: d / 2, heal: heal}
 	})},
 	// Requests the store executed are sent again: the traffic from the
 	// store to the leader is held (its PUBACKs and responses wait) for at
