@@ -130,8 +130,9 @@ func TestHarnessCatchesUnfencedWrites(t *testing.T) {
 
 // TestObserverCatchesTermsThatGoOn feeds the observer's checks the states of
 // terms whose key was deleted or taken, or re-created by an older term, with
-// that term still leading (a violation) or ended (fine; a late request that
-// re-created a key is counted).
+// that term still leading (a violation) or ended: fine if a fault held its
+// requests back (a late request that re-created a key is counted), a
+// violation if none did.
 func TestObserverCatchesTermsThatGoOn(t *testing.T) {
 	on := func(node string, wall int64) hlc.Timestamp { return hlc.Timestamp{Wall: wall, Node: node} }
 	a := leader.State{ID: "a", Token: on("s0", 10)}
@@ -142,16 +143,18 @@ func TestObserverCatchesTermsThatGoOn(t *testing.T) {
 		name      string
 		states    []leader.State
 		aLeads    bool   // a's terms still lead when checked
+		delayed   bool   // a fault held back a's requests throughout
 		violation string // the one expected, if any
 		late      int
 	}{
-		{"a term, a Resync of it, the next", []leader.State{none, a, resync(a), none, b}, false, "", 0},
-		{"a goes on after its key was taken", []leader.State{a, b}, true, "a term outlived its key", 0},
-		{"a goes on after b", []leader.State{a, b, none, a}, true, "a term outlived its key", 0},
-		{"a's key re-created by a late request after b", []leader.State{a, b, none, a}, false, "", 1},
-		{"a goes on after its key was deleted", []leader.State{a, none, a}, true, "a term outlived its key", 0},
-		{"a new term with an older token", []leader.State{b, none, a}, true, "term token went back", 0},
-		{"a new store whose clock is behind", []leader.State{b, resync(none), {ID: "a", Token: on("s1", 5)}}, true, "", 0},
+		{"a term, a Resync of it, the next", []leader.State{none, a, resync(a), none, b}, false, false, "", 0},
+		{"a goes on after its key was taken", []leader.State{a, b}, true, false, "a term outlived its key", 0},
+		{"a goes on after b", []leader.State{a, b, none, a}, true, false, "a term outlived its key", 0},
+		{"a's key re-created by a late request after b", []leader.State{a, b, none, a}, false, true, "", 1},
+		{"a's key re-created by a request sent again after b", []leader.State{a, b, none, a}, false, false, "a request of an ended term re-created its key", 0},
+		{"a goes on after its key was deleted", []leader.State{a, none, a}, true, false, "a term outlived its key", 0},
+		{"a new term with an older token", []leader.State{b, none, a}, true, false, "term token went back", 0},
+		{"a new store whose clock is behind", []leader.State{b, resync(none), {ID: "a", Token: on("s1", 5)}}, true, false, "", 0},
 	} {
 		h := newHistory()
 		h.lossGrace = 0
@@ -159,6 +162,9 @@ func TestObserverCatchesTermsThatGoOn(t *testing.T) {
 		h.storeStarted("s1")
 		h.termStarted(0, "a", a.Token, func() bool { return c.aLeads })
 		h.termStarted(0, "a", on("s1", 5), func() bool { return c.aLeads })
+		if c.delayed {
+			h.delayed("a", 0, time.Hour.Nanoseconds())
+		}
 		for _, st := range c.states {
 			h.observed(st)
 		}
@@ -188,6 +194,7 @@ func TestObserverCatchesTermsThatGoOn(t *testing.T) {
 	h.lossGrace = 100 * time.Millisecond
 	ends := time.Now().Add(20 * time.Millisecond)
 	h.termStarted(0, "a", a.Token, func() bool { return time.Now().Before(ends) })
+	h.delayed("a", 0, h.now())
 	for _, st := range []leader.State{a, none, a} {
 		h.observed(st)
 	}

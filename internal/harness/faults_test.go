@@ -18,6 +18,10 @@ type fault struct {
 	dur  time.Duration
 	heal func()
 	skip string
+	// delays is the candidate whose requests the fault holds back or slows
+	// down, to reach the store late; nil if none. Requests it discards, to
+	// be sent again on a new connection, are not delayed.
+	delays *candidate
 }
 
 // faultKinds are the faults a schedule draws from, with their weights.
@@ -43,7 +47,7 @@ var faultKinds = []struct {
 	})},
 	{"blackhole", 2, func(s *schedule, cd *candidate, d time.Duration) fault {
 		cd.proxy.Blackhole()
-		return fault{what: "blackhole " + cd.id, dur: d, heal: cd.proxy.Heal}
+		return fault{what: "blackhole " + cd.id, dur: d, heal: cd.proxy.Heal, delays: cd}
 	}},
 	{"cut", 1, func(s *schedule, cd *candidate, d time.Duration) fault {
 		cd.proxy.Cut()
@@ -55,7 +59,7 @@ var faultKinds = []struct {
 		if err := srv.Hold(cd.id, dir); err != nil {
 			return fault{what: "hold " + cd.id + ": not connected"}
 		}
-		return fault{what: fmt.Sprintf("hold %s %s", cd.id, names[dir]), dur: d, heal: func() { srv.Release(cd.id) }}
+		return fault{what: fmt.Sprintf("hold %s %s", cd.id, names[dir]), dur: d, heal: func() { srv.Release(cd.id) }, delays: cd}
 	})},
 	{"drop responses", 1, onStore(func(s *schedule, srv *localstore.Server, cd *candidate, d time.Duration) fault {
 		srv.SetResponseFault(cd.id, localstore.ResponseFault{Drop: true})
@@ -72,7 +76,7 @@ var faultKinds = []struct {
 		delay := d / 30
 		cd.proxy.SetDelay(delay)
 		return fault{what: fmt.Sprintf("network delay %s %v", cd.id, delay.Round(time.Millisecond)), dur: d,
-			heal: func() { cd.proxy.SetDelay(0) }}
+			heal: func() { cd.proxy.SetDelay(0) }, delays: cd}
 	}},
 	// The store's clock jumps to an offset within ±maxSkew (it stays there
 	// until the next jump or the end of the faults).
@@ -114,11 +118,11 @@ var faultKinds = []struct {
 		} else {
 			cd.proxy.Blackhole()
 		}
-		then := "healed"
+		then, delays := "healed", cd
 		if how&2 == 2 {
-			then, heal = "cut", cut
+			then, heal, delays = "cut", cut, nil
 		}
-		return fault{what: fmt.Sprintf("%s %s, then %s: %s", away, cd.id, then, s.deleteKey()), dur: d / 2, heal: heal}
+		return fault{what: fmt.Sprintf("%s %s, then %s: %s", away, cd.id, then, s.deleteKey()), dur: d / 2, heal: heal, delays: delays}
 	})},
 	// Requests the store executed are sent again: the traffic from the
 	// store to the leader is held (its PUBACKs and responses wait) for at
@@ -231,6 +235,9 @@ func (s *schedule) injectFaults(ctx context.Context) map[string]int {
 	heal := func(p pending) {
 		p.f.heal()
 		s.h.fault(p.start, s.h.now(), p.f.what)
+		if p.f.delays != nil {
+			s.h.delayed(p.f.delays.id, p.start, s.h.now())
+		}
 	}
 	n := map[string]int{}
 	end := time.Now().Add(faultPhase)

@@ -462,6 +462,9 @@ func (s *schedule) lead(ctx context.Context, cd *candidate, t *leader.Term) erro
 				srv.Release(cd.id)
 			}
 			s.h.fault(start, s.h.now(), fmt.Sprintf("pause %s %v", cd.id, d.Round(time.Millisecond)))
+			if srv != nil {
+				s.h.delayed(cd.id, start, s.h.now())
+			}
 			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
 			call := s.h.now()
 			opts := sskv.SetOptions{FencingToken: tok}

@@ -97,14 +97,16 @@ type history struct {
 	wrote       chan struct{} // closed and replaced on each accepted write
 	stores      []string      // the node id of each store started, in order
 
-	obs       observations  // the election's states, as the observer got them
-	lossGrace time.Duration // see observations
-	log       *slog.Logger  // a line for each fault, term and observed state
+	obs       observations          // the election's states, as the observer got them
+	lossGrace time.Duration         // see observations
+	log       *slog.Logger          // a line for each fault, term and observed state
+	delays    map[string][][2]int64 // by candidate: when faults held back or slowed its requests
 }
 
 func newHistory() *history {
 	return &history{start: time.Now(), wrote: make(chan struct{}), lossGrace: lossGrace, log: slog.New(slog.DiscardHandler),
-		obs: observations{seen: map[hlc.Timestamp]int64{}, gone: map[hlc.Timestamp]int64{}}}
+		delays: map[string][][2]int64{},
+		obs:    observations{seen: map[hlc.Timestamp]int64{}, gone: map[hlc.Timestamp]int64{}}}
 }
 
 // now is the time since the schedule began, on the monotonic clock.
@@ -217,6 +219,31 @@ func (h *history) fault(start, end int64, what string) {
 	h.annotations = append(h.annotations, porcupine.Annotation{Tag: "faults", Start: start, End: end,
 		Description: what, BackgroundColor: "#fbd5b5"})
 	h.log.Info("fault", "at", time.Duration(start), "until", time.Duration(end), "what", what)
+}
+
+// delayed records that a fault held back or slowed down who's requests to
+// the store from start to end, when it delivered them.
+func (h *history) delayed(who string, start, end int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.delays[who] = append(h.delays[who], [2]int64{start, end})
+}
+
+// lateDelivery is how long after a fault delivered the requests it held
+// back their effects may be seen.
+const lateDelivery = 200 * time.Millisecond
+
+// delayedAt reports whether a request of who's that took effect at t (as
+// the observer saw it) may have been held back or slowed down by a fault.
+func (h *history) delayedAt(who string, t int64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, d := range h.delays[who] {
+		if d[0] <= t && t <= d[1]+int64(lateDelivery) {
+			return true
+		}
+	}
+	return false
 }
 
 // annotate marks an event on a lane of the visualization; end 0 means an

@@ -28,9 +28,11 @@ import (
 // been deleted or taken, re-creating it, and carries on with an older token
 // than a term that came between, or its work overlaps a newer term's for
 // longer than the lease allows. A step back whose term had ended by then is
-// a key re-created by a late request (a renewal held in the network): the
-// library documents it (the key expires after one TTL), so it is counted,
-// not a violation.
+// a key re-created by a late request of that term. If a fault held back or
+// slowed down the term's requests then (a renewal held in the network), the
+// library documents it (the key expires after one TTL): it is counted, not a
+// violation. If none did, the client sent a request of the ended term, or sent
+// one again on a resumed session: a violation.
 type observations struct {
 	mu       sync.Mutex
 	n        int                     // states got
@@ -47,6 +49,8 @@ type termCheck struct {
 	token    hlc.Timestamp
 	saw      string // what the observer saw, and when
 	stepBack bool   // a step back, rather than a key gone
+	who      string // a step back's leader
+	at       int64  // when a step back was seen
 	due      int64
 	live     bool  // the term still led when checked
 	checked  int64 // when it was checked (at due, or a little after)
@@ -97,7 +101,7 @@ func (h *history) observed(st leader.State) {
 	}
 	what := fmt.Sprintf("the observer saw %s lead with token %v at %v, after token %v", st.ID, st.Token, ms(now), o.newest)
 	h.annotate(candidates, now, 0, what)
-	h.checkTerm(&termCheck{token: st.Token, stepBack: true, due: ref + int64(h.lossGrace), saw: what})
+	h.checkTerm(&termCheck{token: st.Token, stepBack: true, who: st.ID, at: now, due: ref + int64(h.lossGrace), saw: what})
 }
 
 // storeLost checks that every term that leads now stops leading by
@@ -135,8 +139,9 @@ func (h *history) checkTerm(c *termCheck) {
 }
 
 // checkObserver returns the violations the observer's states show, one for
-// each term at most, and the step backs of terms that had ended (keys
-// re-created by late requests). It waits for the checks still due.
+// each term at most, and the step backs of terms that had ended while a
+// fault held back their requests (keys re-created by late requests). It
+// waits for the checks still due.
 func (h *history) checkObserver() (v []string, late []string) {
 	o := &h.obs
 	o.checking.Wait()
@@ -152,8 +157,11 @@ func (h *history) checkObserver() (v []string, late []string) {
 				what = "term token went back"
 			}
 			v = append(v, fmt.Sprintf("%s: %s, and that term still led at %v", what, c.saw, ms(c.checked)))
-		case !c.live && c.stepBack:
+		case !c.live && c.stepBack && h.delayedAt(c.who, c.at):
 			late = append(late, c.saw)
+		case !c.live && c.stepBack && !found[c.token]:
+			found[c.token] = true
+			v = append(v, fmt.Sprintf("a request of an ended term re-created its key: %s; that term had ended, and no fault held back its requests then: its client sent them after the term ended, or sent them again", c.saw))
 		}
 	}
 	return v, late
