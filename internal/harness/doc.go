@@ -15,17 +15,20 @@
 // clocks, and:
 //
 //   - store restarts: the store is closed, losing every key and session, and
-//     a new one starts on the same address 0.1 to 2.5 s later (with the same
-//     clock offset and a node id of its own); every client reconnects;
+//     a new one starts on the same address 0.1 to 2.5 s later (short ones
+//     drawn more often; with the same clock offset and a node id of its
+//     own); every client reconnects;
 //   - the election's key deleted by hand while its leader is away: the
 //     leader's connection is blackholed or held, an administrator's client
 //     deletes the key with a DEL fenced with the token its record holds,
-//     another candidate may take over, and then the connection heals;
+//     another candidate may take over, and then the connection heals
+//     (delivering what it held) or is cut (the leader reconnects and sends
+//     its unacknowledged requests again);
 //   - requests sent again on a resumed session: the traffic from the store to
-//     the leader is held for a renew interval or more, so that its requests
-//     are executed and stay unacknowledged, and then its connection is
-//     dropped; the client resumes its session and sends them again (QoS 1),
-//     and the store executes them again.
+//     the leader is held for 0.15 to 0.75 s, so that its requests are
+//     executed and stay unacknowledged (and its term often ends meanwhile),
+//     and then its connection is dropped; the client resumes its session and
+//     sends them again (QoS 1), and the store executes them again.
 //
 // Every operation's invocation and response is recorded, and the history is
 // checked:
@@ -41,12 +44,18 @@
 //     are ordered by store first: no term of an earlier store may write after
 //     a term of a later one has (but a paused leader's late write, which only
 //     the lost fence stood in the way of);
-//   - observers never see a term token go back: a leader whose token is not
-//     above every token seen before (in store order) must have stopped
-//     leading by a renew deadline after the newer term was seen, or after its
-//     own key was seen deleted; a term that goes on renewed a key that had
-//     been deleted or taken. Keys re-created by a late request of a term that
-//     had ended (which the library documents) are counted, not violations;
+//   - a term whose key the observer saw deleted or taken, or that led when
+//     the store was closed, must stop leading within the renew deadline (and
+//     100 ms): a renewal sent after that can only have succeeded by
+//     re-creating the key;
+//   - the observer never sees a term token go back: a leader whose token is
+//     not above every token seen before (in store order) must have stopped
+//     leading within the renew deadline of a newer term's, or of its own key
+//     gone. If it had, a late request of the ended term re-created its key:
+//     the library documents that for requests delayed in the network, so it
+//     is counted, not a violation, when a fault held back or slowed down that
+//     candidate's requests then; when none did, the client sent a request of
+//     an ended term, or sent one again on a resumed session, and it is one;
 //   - after the faults are healed, a leader is elected and writes again
 //     within 5 s, half the client's RequestTimeout: nothing on the way to
 //     leadership may wait out a lost answer.
