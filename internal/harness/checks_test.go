@@ -1,6 +1,8 @@
 package harness_test
 
 import (
+	"context"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -200,5 +202,41 @@ func TestObserverCatchesTermsThatGoOn(t *testing.T) {
 	}
 	if v, late := h.checkObserver(); len(v) != 0 || len(late) != 1 {
 		t.Errorf("a ends soon after its late renewal: violations %q, late %q; want none and one", v, late)
+	}
+}
+
+// TestStoreRestartLosesKeys: the restart fault must lose every key, keep the
+// address, give the new store its own node id, and clients must reconnect.
+func TestStoreRestartLosesKeys(t *testing.T) {
+	s := &schedule{t: t, h: newHistory(), logger: slog.New(slog.DiscardHandler)}
+	if err := s.startStore(); err != nil {
+		t.Fatal(err)
+	}
+	defer s.stopStore()
+	addr := s.store().Addr()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := sskv.Dial(ctx, sskv.Config{Addr: addr, ReconnectMin: 10 * time.Millisecond, ReconnectMax: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Set(ctx, register, []byte("a"), sskv.SetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.stopStore()
+	if err := s.startStore(); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.store().Addr(); got != addr {
+		t.Errorf("restarted on %s, want %s", got, addr)
+	}
+	g, err := c.Get(ctx, register)
+	if err != nil || g.Found {
+		t.Fatalf("Get after the restart: %+v, %v; want the key lost", g, err)
+	}
+	// The token order tells stores apart by their versions' node ids.
+	if r, err := c.Set(ctx, register, []byte("b"), sskv.SetOptions{}); err != nil || r.Version.Node != "statestore2" {
+		t.Fatalf("Set after the restart: %+v, %v; want a version of node statestore2", r, err)
 	}
 }
