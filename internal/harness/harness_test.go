@@ -299,8 +299,13 @@ func runSchedule(t *testing.T, seed int64, v variant) result {
 	defer observer.Close()
 	s.admin = observer
 
-	// Candidates campaign until runCtx ends; the observer reads throughout.
+	// Candidates campaign until runCtx ends; the observer reads and follows
+	// the election throughout, from before the first fault.
 	runCtx, stop := context.WithCancel(ctx)
+	states, err := leader.Observe(runCtx, observer, election)
+	if err != nil {
+		t.Fatalf("Observe: %v", err)
+	}
 	for _, cd := range s.cand {
 		e, err := leader.NewElector(cd.c, election, []byte(cd.id), leader.WithCandidateID(cd.id),
 			leader.WithTTL(ttl), leader.WithRenewInterval(renewInterval), leader.WithRenewDeadline(renewDeadline),
@@ -312,7 +317,11 @@ func runSchedule(t *testing.T, seed int64, v variant) result {
 	}
 	var observing sync.WaitGroup
 	observing.Go(func() { s.observe(runCtx, observer) })
-	observing.Go(func() { s.observeLeaders(runCtx, observer) })
+	observing.Go(func() {
+		for st := range states {
+			s.h.observed(st)
+		}
+	})
 
 	// Faults, then healing, then a leader must write again.
 	res.kinds = s.injectFaults(runCtx)
@@ -501,19 +510,6 @@ func (s *schedule) observe(ctx context.Context, c *sskv.Client) {
 		cancel()
 		s.h.read(candidates, call, g, err)
 		s.sleep(ctx, readPace)
-	}
-}
-
-// observeLeaders records the election's states, as leader.Observe reports
-// them, until ctx ends.
-func (s *schedule) observeLeaders(ctx context.Context, c *sskv.Client) {
-	states, err := leader.Observe(ctx, c, election)
-	if err != nil {
-		s.t.Errorf("seed %d: Observe: %v", s.seed, err)
-		return
-	}
-	for st := range states {
-		s.h.observed(st)
 	}
 }
 
