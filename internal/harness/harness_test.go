@@ -371,8 +371,8 @@ func runSchedule(t *testing.T, seed int64, v variant) result {
 	unknown, notSent, refused := s.h.unknown, s.h.notSent, s.h.refused
 	s.h.mu.Unlock()
 	res.violations = append(res.violations, s.h.checkTokens()...)
-	stepsBack, late := s.h.checkObserver()
-	res.violations = append(res.violations, stepsBack...)
+	observed, late := s.h.checkObserver()
+	res.violations = append(res.violations, observed...)
 	res.lateKeys = len(late)
 	for _, l := range late {
 		t.Logf("not a violation: %s, and that term had ended: a late request re-created its key", l)
