@@ -54,8 +54,9 @@
 //     gone. If it had, a late request of the ended term re-created its key:
 //     the library documents that for requests delayed in the network, so it
 //     is counted, not a violation, when a fault held back or slowed down that
-//     candidate's requests then; when none did, the client sent a request of
-//     an ended term, or sent one again on a resumed session, and it is one;
+//     candidate's requests then; when none did, the client re-created the key
+//     by itself (a request sent again on a resumed session, or sent not
+//     knowing the key was gone), and it is one;
 //   - after the faults are healed, a leader is elected and writes again
 //     within 5 s, half the client's RequestTimeout: nothing on the way to
 //     leadership may wait out a lost answer.

@@ -31,8 +31,9 @@ import (
 // a key re-created by a late request of that term. If a fault held back or
 // slowed down the term's requests then (a renewal held in the network), the
 // library documents it (the key expires after one TTL): it is counted, not a
-// violation. If none did, the client sent a request of the ended term, or sent
-// one again on a resumed session: a violation.
+// violation. If none did, the client re-created the key by itself, with a
+// request sent again on a resumed session or sent not knowing the key was
+// gone: a violation.
 type observations struct {
 	mu       sync.Mutex
 	n        int                     // states got
@@ -161,7 +162,7 @@ func (h *history) checkObserver() (v []string, late []string) {
 			late = append(late, c.saw)
 		case !c.live && c.stepBack && !found[c.token]:
 			found[c.token] = true
-			v = append(v, fmt.Sprintf("a request of an ended term re-created its key: %s; that term had ended, and no fault held back its requests then: its client sent them after the term ended, or sent them again", c.saw))
+			v = append(v, fmt.Sprintf("a client re-created its ended term's key by itself: %s; that term had ended, and no fault held back its requests then (a request sent again on a resumed session, or sent not knowing the key was gone)", c.saw))
 		}
 	}
 	return v, late
