@@ -107,15 +107,22 @@ var faultKinds = []struct {
 			s.h.restarted(restartLane, start, s.h.now())
 		}}
 	}},
-	// The election's key is deleted by hand while its holder is away: the
-	// leader's connection is blackholed (or held both ways), and an
-	// administrator reads the key's record and deletes it, fenced with the
-	// token it records. Another candidate may take over. Then the path heals,
+	// The election's key is deleted by hand while its holder is away: an
+	// administrator reads the key's record, the holder's connection is
+	// blackholed (or held both ways), and the administrator deletes the key,
+	// fenced with the token it records. Another candidate may take over. Then the path heals,
 	// delivering what it held, or the connection is cut, losing it: the
 	// leader reconnects at once, resumes its session and sends its
 	// unacknowledged requests again.
 	{"delete key", 3, onStore(func(s *schedule, srv *localstore.Server, cd *candidate, d time.Duration) fault {
-		cd = s.leaderOr(cd)
+		ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+		defer cancel()
+		g, err := s.admin.Get(ctx, election)
+		if err != nil {
+			return fault{what: fmt.Sprintf("delete key: GET: %v", err)}
+		}
+		holder := lock.ParseHolder(g.Value, g.Version)
+		cd = s.candidate(holder.ID, s.leaderOr(cd))
 		how := int(d) % 4
 		away, heal, cut := "blackholed", cd.proxy.Heal, cd.proxy.Cut
 		if how&1 == 1 && srv.Hold(cd.id, localstore.Both) == nil {
@@ -127,7 +134,7 @@ var faultKinds = []struct {
 		if how&2 == 2 {
 			then, heal, delays = "cut", cut, nil
 		}
-		return fault{what: fmt.Sprintf("%s %s, then %s: %s", away, cd.id, then, s.deleteKey()), dur: d / 2, heal: heal, delays: delays}
+		return fault{what: fmt.Sprintf("%s %s, then %s: %s", away, cd.id, then, s.deleteKey(ctx, holder)), dur: d / 2, heal: heal, delays: delays}
 	})},
 	// Requests the store executed are sent again: the traffic from the
 	// store to the leader is held (its PUBACKs and responses wait) for
@@ -183,16 +190,20 @@ func (s *schedule) leaderOr(cd *candidate) *candidate {
 	return cd
 }
 
-// deleteKey deletes the election's key from the administrator's client,
-// fenced with the token its record holds, and says what it did.
-func (s *schedule) deleteKey() string {
-	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
-	defer cancel()
-	g, err := s.admin.Get(ctx, election)
-	if err != nil {
-		return fmt.Sprintf("delete key: GET: %v", err)
+// candidate returns the candidate with the given id, or cd if none has it.
+func (s *schedule) candidate(id string, cd *candidate) *candidate {
+	for _, c := range s.cand {
+		if c.id == id {
+			return c
+		}
 	}
-	h := lock.ParseHolder(g.Value, g.Version)
+	return cd
+}
+
+// deleteKey deletes the election's key, read as h, from the administrator's
+// client, fenced with the token its record holds, and says what it did. If
+// a newer holder has taken the key since it was read, the fence refuses it.
+func (s *schedule) deleteKey(ctx context.Context, h lock.Holder) string {
 	if !h.Held() {
 		return "delete key: nobody holds it"
 	}
