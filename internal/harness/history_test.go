@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"slices"
 	"sync"
@@ -17,10 +18,13 @@ import (
 )
 
 // The register: one key, read and written with unconditional SETs. Its model
-// state is the key's value; "" is a missing key (nobody writes "").
+// state is the key's value; "" is a missing key (nobody writes ""). A store
+// restart loses every key: it is a write of "" at some time between the
+// old store's Close and the new store's start.
 type regOp struct {
-	write bool
-	value string // the value written
+	write   bool
+	value   string // the value written
+	restart bool   // a store restart: a write of "", by nobody
 }
 
 type regOut struct {
@@ -38,6 +42,9 @@ var registerModel = porcupine.Model{
 	},
 	DescribeOperation: func(input, output any) string {
 		in := input.(regOp)
+		if in.restart {
+			return "store restart: every key lost"
+		}
 		if in.write {
 			if output == nil {
 				return fmt.Sprintf("set(%q) -> ?", in.value)
@@ -55,7 +62,7 @@ const unknownReturn = math.MaxInt64
 
 // ackedWrite is a write of the register the store accepted.
 type ackedWrite struct {
-	version hlc.Timestamp // the key's version it made
+	version hlc.Timestamp // the key's version it made; its node names the store
 	token   hlc.Timestamp // the fencing token it carried
 	who     string        // candidate
 	paused  bool          // written after a pause, with the token from before it
@@ -66,8 +73,9 @@ type termRecord struct {
 	who        string
 	lane       int
 	token      hlc.Timestamp
-	start, end int64 // work started; work saw its context end (0: not yet)
-	paused     bool  // its work was paused (and so saw the end late)
+	start, end int64       // work started; work saw its context end (0: not yet)
+	paused     bool        // its work was paused (and so saw the end late)
+	live       func() bool // whether the term still leads
 }
 
 // history records one schedule: operations for porcupine, accepted writes
@@ -87,10 +95,18 @@ type history struct {
 	terms       []*termRecord
 	annotations []porcupine.Annotation
 	wrote       chan struct{} // closed and replaced on each accepted write
+	stores      []string      // the node id of each store started, in order
+
+	obs       observations          // the election's states, as the observer got them
+	lossGrace time.Duration         // see observations
+	log       *slog.Logger          // a line for each fault, term and observed state
+	delays    map[string][][2]int64 // by candidate: when faults held back or slowed its requests
 }
 
 func newHistory() *history {
-	return &history{start: time.Now(), wrote: make(chan struct{})}
+	return &history{start: time.Now(), wrote: make(chan struct{}), lossGrace: lossGrace, log: slog.New(slog.DiscardHandler),
+		delays: map[string][][2]int64{},
+		obs:    observations{seen: map[hlc.Timestamp]int64{}, gone: map[hlc.Timestamp]int64{}}}
 }
 
 // now is the time since the schedule began, on the monotonic clock.
@@ -145,6 +161,25 @@ func (h *history) write(lane int, who string, value string, token hlc.Timestamp,
 	}
 }
 
+// storeStarted records a store that starts with node id node: the versions
+// it gives come after those of the stores started before it, whatever
+// their clocks say.
+func (h *history) storeStarted(node string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.stores = append(h.stores, node)
+}
+
+// restarted records a store restart that began at call (the old store's
+// Close) and ended at ret (the new store's start): the register was lost at
+// some time in between.
+func (h *history) restarted(lane int, call, ret int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.ops = append(h.ops, porcupine.Operation{ClientId: lane, Input: regOp{write: true, restart: true},
+		Output: regOut{}, Call: call, Return: ret})
+}
+
 // wroteSince returns a channel closed by the next accepted write, and
 // whether a write was accepted after t already.
 func (h *history) wroteSince(t int64) (<-chan struct{}, bool) {
@@ -153,11 +188,14 @@ func (h *history) wroteSince(t int64) (<-chan struct{}, bool) {
 	return h.wrote, h.lastAcked > t
 }
 
-func (h *history) termStarted(lane int, who string, token hlc.Timestamp) *termRecord {
+// termStarted records a term whose work starts now; live reports whether it
+// still leads.
+func (h *history) termStarted(lane int, who string, token hlc.Timestamp, live func() bool) *termRecord {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	r := &termRecord{who: who, lane: lane, token: token, start: h.now()}
+	r := &termRecord{who: who, lane: lane, token: token, start: h.now(), live: live}
 	h.terms = append(h.terms, r)
+	h.log.Info("term's work starts", "at", time.Duration(r.start), "candidate", who, "token", token)
 	return r
 }
 
@@ -165,6 +203,7 @@ func (h *history) termEnded(r *termRecord) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	r.end = h.now()
+	h.log.Info("term's work ends", "at", time.Duration(r.end), "candidate", r.who, "token", r.token)
 }
 
 func (h *history) markPaused(r *termRecord) {
@@ -179,18 +218,79 @@ func (h *history) fault(start, end int64, what string) {
 	defer h.mu.Unlock()
 	h.annotations = append(h.annotations, porcupine.Annotation{Tag: "faults", Start: start, End: end,
 		Description: what, BackgroundColor: "#fbd5b5"})
+	h.log.Info("fault", "at", time.Duration(start), "until", time.Duration(end), "what", what)
+}
+
+// delayed records that a fault held back or slowed down who's requests to
+// the store from start to end, when it delivered them.
+func (h *history) delayed(who string, start, end int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.delays[who] = append(h.delays[who], [2]int64{start, end})
+}
+
+// lateDelivery is how long after a fault delivered the requests it held
+// back their effects may be seen.
+const lateDelivery = 200 * time.Millisecond
+
+// delayedAt reports whether a request of who's that took effect at t (as
+// the observer saw it) may have been held back or slowed down by a fault.
+func (h *history) delayedAt(who string, t int64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, d := range h.delays[who] {
+		if d[0] <= t && t <= d[1]+int64(lateDelivery) {
+			return true
+		}
+	}
+	return false
+}
+
+// annotate marks an event on a lane of the visualization; end 0 means an
+// instant.
+func (h *history) annotate(lane int, start, end int64, what string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.annotations = append(h.annotations, porcupine.Annotation{ClientId: lane, Start: start, End: end,
+		Description: what, BackgroundColor: "#f5b5b5"})
+}
+
+// storeOrder returns how the stores started so far order versions and
+// tokens: by store first, in the order the stores started (a version's node
+// names its store), then by version. A restarted store's clock may be behind
+// the versions its predecessor gave (its clock may have stepped back, or
+// clients' clocks ahead may have pushed the old store's), and a candidate
+// that never saw the last term's token cannot push the new store past it:
+// the store's order is the only one that holds across a restart.
+func (h *history) storeOrder() func(a, b hlc.Timestamp) int {
+	h.mu.Lock()
+	store := make(map[string]int, len(h.stores))
+	for i, node := range h.stores {
+		store[node] = i
+	}
+	h.mu.Unlock()
+	return func(a, b hlc.Timestamp) int {
+		return cmp.Or(cmp.Compare(store[a.Node], store[b.Node]), a.Compare(b))
+	}
 }
 
 // checkTokens returns the violations of the token order: accepted writes,
 // in the store's version order, must carry non-decreasing tokens (so the
 // writes of two terms never interleave), and a token is one candidate's.
+// Across store restarts, versions and tokens are ordered by store first
+// (see storeOrder): a term of an earlier store must not write after a term
+// of a later one has. A write sent after a pause, with a token from an
+// earlier store than the one that accepted it, is left out: the register's
+// fence, lost with that store, was all that stood in its way.
 func (h *history) checkTokens() []string {
 	h.mu.Lock()
 	acked := slices.Clone(h.acked)
 	h.mu.Unlock()
-	slices.SortFunc(acked, func(a, b ackedWrite) int { return a.version.Compare(b.version) })
+	order := h.storeOrder()
+	slices.SortFunc(acked, func(a, b ackedWrite) int { return order(a.version, b.version) })
 	var v []string
 	owner := map[hlc.Timestamp]string{}
+	var prev *ackedWrite // the last write compared
 	for i, w := range acked {
 		if o, ok := owner[w.token]; ok && o != w.who {
 			v = append(v, fmt.Sprintf("token %v used by %s and %s", w.token, o, w.who))
@@ -199,11 +299,14 @@ func (h *history) checkTokens() []string {
 		if i > 0 && w.version.Compare(acked[i-1].version) == 0 {
 			v = append(v, fmt.Sprintf("two accepted writes have version %v", w.version))
 		}
-		if i > 0 && w.token.Before(acked[i-1].token) {
-			p := acked[i-1]
-			v = append(v, fmt.Sprintf("terms interleave: write at %v by %s with token %v (paused %v) accepted after write at %v by %s with token %v",
-				w.version, w.who, w.token, w.paused, p.version, p.who, p.token))
+		if w.paused && w.token.Node != w.version.Node && order(w.token, w.version) < 0 {
+			continue // fenced by a lost store only
 		}
+		if prev != nil && order(w.token, prev.token) < 0 {
+			v = append(v, fmt.Sprintf("terms interleave: write at %v by %s with token %v (paused %v) accepted after write at %v by %s with token %v",
+				w.version, w.who, w.token, w.paused, prev.version, prev.who, prev.token))
+		}
+		prev = &acked[i]
 	}
 	return v
 }
