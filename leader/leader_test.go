@@ -551,7 +551,9 @@ func TestDropMidCampaign(t *testing.T) {
 	cancel()
 	proxy.Cut()
 	proxy.Heal()
-	a := campaign(t, other, "a", leader.WithCandidateID("a"))
+	// A TTL of 2 s: b, having reconnected, waits a TTL before it takes
+	// the free key (see lock.Lock.Lock).
+	a := campaign(t, other, "a", leader.WithCandidateID("a"), leader.WithTTL(2*time.Second))
 	if s := currentLeader(t, other); s.ID != "a" {
 		t.Fatalf("Leader = %+v; want a", s)
 	}
@@ -560,7 +562,7 @@ func TestDropMidCampaign(t *testing.T) {
 	// reconnects, and then holds the key.
 	got := make(chan *leader.Term, 1)
 	go func() {
-		term, err := leader.Campaign(testCtx(t), cb, "e", []byte("b"), leader.WithCandidateID("b"))
+		term, err := leader.Campaign(testCtx(t), cb, "e", []byte("b"), leader.WithCandidateID("b"), leader.WithTTL(2*time.Second))
 		if err != nil {
 			t.Error(err)
 		}

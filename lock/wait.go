@@ -103,32 +103,36 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 				holdUntil = until
 			}
 			if d := time.Until(holdUntil); d > 0 {
+				// No attempt until then; the watch is set up meanwhile.
 				l.log.Debug("the key may still be held by a holder that lost it unseen; waiting", "for", d)
 				hold.Reset(d)
-				continue
-			}
-			ok, err := l.attempt(ctx, cn)
-			unknown = err != nil && len(l.undo) > 0 // attempt keeps what may have been written (a late answer too)
-			recheck.Reset(l.recheckAfter())
-			switch {
-			case ok:
-				return false, nil
-			case err != nil:
-				// The store's refusal (a clock too far ahead, not authorized)
-				// would be repeated: give up rather than retry until ctx ends.
-				if ctx.Err() != nil || errors.Is(err, ErrAlreadyHeld) || errors.Is(err, sskv.ErrClosed) || refused(err) {
-					return giveUp(err)
+			} else {
+				var ok bool
+				ok, err = l.attempt(ctx, cn)
+				unknown = err != nil && len(l.undo) > 0 // attempt keeps what may have been written (a late answer too)
+				recheck.Reset(l.recheckAfter())
+				switch {
+				case ok:
+					return false, nil
+				case err != nil:
+					// The store's refusal (a clock too far ahead, not
+					// authorized) would be repeated: give up rather than
+					// retry until ctx ends.
+					if ctx.Err() != nil || errors.Is(err, ErrAlreadyHeld) || errors.Is(err, sskv.ErrClosed) || refused(err) {
+						return giveUp(err)
+					}
+					// A timeout or a lost connection: try again soon. The
+					// same value makes a repeat of an applied SET harmless
+					// (NEX).
+					l.log.Debug("acquisition failed; retrying", "error", err)
+					retryLater()
+				default: // held by someone else
+					retry.Reset()
+					lost = lost || woken
+					seenHeld = true
 				}
-				// A timeout or a lost connection: try again soon. The same
-				// value makes a repeat of an applied SET harmless (NEX).
-				l.log.Debug("acquisition failed; retrying", "error", err)
-				retryLater()
-			default: // held by someone else
-				retry.Reset()
-				lost = lost || woken
-				seenHeld = true
+				woken = false
 			}
-			woken = false
 			if err == nil && w == nil {
 				// Watch the key, then check again: it may have been deleted
 				// before the watch was registered.
@@ -208,19 +212,21 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 }
 
 // holdOff returns when an acquisition through cn may take a missing key:
-// a TTL after cn came up if it is not the client's first connection, else
-// at once.
+// a TTL after cn came up if the client was cut off from the store before it
+// (a reconnection, or a first connection that came after failed attempts),
+// else at once.
 //
-// The store may have restarted, and lost the key, while the client was
-// disconnected, at any moment before the reconnect: its holder, cut off
-// from the store or not yet reconnected, still counts on the key until its
-// renew deadline, which passes within a TTL of its last renewal on its own
-// clock. Before then, nobody may take the key: not a waiter of this Lock,
-// whatever it saw, nor a new Lock or Campaign of the same process, which
-// could not know what an earlier one saw. A client on its first connection
-// has seen nothing, and cannot tell either.
+// The store may have restarted, and lost the key, while the client was cut
+// off, at any moment before cn came up: the key's holder, cut off from the
+// store or not yet reconnected, still counts on the key until its renew
+// deadline, which passes within a TTL of its last renewal on its own clock.
+// Before then, nobody may take the key: not a waiter of this Lock, whatever
+// it saw, nor a new Lock or Campaign of the same process, which could not
+// know what an earlier one saw, nor a process that started while the store
+// was down. A process that connects at once has seen nothing, and cannot
+// tell a restart just before from none.
 func (l *Lock) holdOff(cn *sskv.Conn) time.Time {
-	if cn.Number() <= 1 {
+	if !cn.AfterOutage() {
 		return time.Time{}
 	}
 	return cn.Since().Add(l.cfg.TTL)

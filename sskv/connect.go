@@ -529,7 +529,10 @@ func (c *Client) ConnectionUp(connack *paho.Connack) {
 	st := c.setState(func(old connState) connState {
 		old.conn.markLost() // if ConnectionDown was not called
 		gen := old.gen + 1
-		return connState{gen: gen, conn: newConn(c, gen, seq)}
+		// Cut off before: a reconnection, or a first connection that came
+		// after failed attempts (the broker was down, or unreachable).
+		outage := gen > 1 || c.lastErr.Load() != nil
+		return connState{gen: gen, conn: newConn(c, gen, seq, outage)}
 	})
 	c.spawn(func() { c.setup(st.gen, sessionPresent) })
 }

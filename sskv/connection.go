@@ -30,16 +30,17 @@ import (
 //
 // A Conn is cheap and safe for concurrent use.
 type Conn struct {
-	c    *Client
-	gen  uint64
-	seq  uint64 // the session store's number of the connection
-	up   time.Time
-	lost chan struct{}
-	once sync.Once
+	c      *Client
+	gen    uint64
+	seq    uint64 // the session store's number of the connection
+	up     time.Time
+	outage bool
+	lost   chan struct{}
+	once   sync.Once
 }
 
-func newConn(c *Client, gen, seq uint64) *Conn {
-	return &Conn{c: c, gen: gen, seq: seq, up: time.Now(), lost: make(chan struct{})}
+func newConn(c *Client, gen, seq uint64, outage bool) *Conn {
+	return &Conn{c: c, gen: gen, seq: seq, up: time.Now(), outage: outage, lost: make(chan struct{})}
 }
 
 // markLost closes the Conn's Done channel once. It may be called on nil.
@@ -71,6 +72,13 @@ func (cn *Conn) Since() time.Time { return cn.up }
 
 // Client returns the client the connection is one of.
 func (cn *Conn) Client() *Client { return cn.c }
+
+// AfterOutage reports whether the client was cut off from the broker before
+// this connection was set up: it is a reconnection, or the client's first
+// connection came only after failed attempts (the broker was down or
+// unreachable when the client started). Whatever the store lost meanwhile
+// (every key, in a restart) it lost before Since.
+func (cn *Conn) AfterOutage() bool { return cn.outage }
 
 // Number returns the connection's number: 1 for the client's first
 // connection, growing by one with each reconnection.
