@@ -100,9 +100,11 @@
 // cost nothing; the library does not persist it, so that an election never
 // depends on the store's disk. Persist the keys the leader writes with its
 // term's token if they must survive a restart: a key's fencing token goes
-// with the key. A candidate process started after a restart, which has seen
-// nothing, campaigns at once: until the former leader has reconnected, both
-// may lead.
+// with the key. A candidate process whose first connection succeeds at once
+// just after a restart has seen nothing and campaigns at once (one started
+// while the store was down holds off): until the former leader has
+// reconnected, both may lead, though the former leader's fenced writes wait
+// for its key to be confirmed, and so never go out.
 //
 // # Configuration
 //

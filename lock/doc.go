@@ -129,11 +129,13 @@
 // that must survive a restart (sskv.SetOptions.Persist), or a restart loses
 // their fence with them.
 //
-// What no client can know: a process that starts after a store restart and
-// finds the key missing takes it at once. Until the former holder has
-// reconnected and read its key (a reconnect delay after the store is back),
-// both may act; the former holder's fenced writes are refused once the new
-// one has written the same keys.
+// A process that started while the store was down holds off too (its first
+// connection came after failed attempts). What no client can know: a
+// process whose first connection succeeds at once, just after a store
+// restart, finds the key missing and takes it at once. Until the former
+// holder has reconnected and read its key (its reconnect delay after the
+// store is back), both may act; the former holder's fenced writes (package
+// fenced, on its lock's client) wait for that read, and so never go out.
 //
 // What it does not guarantee: a lease is only as good as the holder's
 // reaction to Done. Work that ignores its context can still run after the
