@@ -143,6 +143,13 @@
 // writes out of the keys it protects, but not its effects elsewhere. The
 // clocks of holder and store must run at about the same rate (any NTP-kept
 // clock does): TTL - RenewDeadline must exceed their difference over a TTL.
+// A key deleted by hand while a renewal of its holder is held up in the
+// network is re-created by that renewal when it arrives, and the holder
+// goes on: the store answers a SET NEX the same whether it renewed the key
+// or created it, and the deletion's notification may be held up with the
+// renewal. Nobody can have held the key in between without the renewal
+// failing (NEX), which ends the holding. Do not delete a held lock's key by
+// hand; a store restart, which ends the connection, is always caught.
 //
 // # Configuration
 //

@@ -173,6 +173,8 @@ func TestObserverCatchesTermsThatGoOn(t *testing.T) {
 		{"a's key re-created by a late request after b", []leader.State{a, b, none, a}, false, true, "", 1},
 		{"a's key re-created by a request sent again after b", []leader.State{a, b, none, a}, false, false, "a client re-created its ended term's key by itself", 0},
 		{"a goes on after its key was deleted", []leader.State{a, none, a}, true, false, "a term outlived its key", 0},
+		{"a's held renewal re-created its deleted key, nobody between", []leader.State{a, none, a}, true, true, "", 1},
+		{"a's held renewal re-created its key after b", []leader.State{a, b, none, a}, true, true, "a term outlived its key", 0},
 		{"a new term with an older token", []leader.State{b, none, a}, true, false, "term token went back", 0},
 		{"a new store whose clock is behind", []leader.State{b, resync(none), {ID: "a", Token: on("s1", 5)}}, true, false, "", 0},
 	} {

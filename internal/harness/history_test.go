@@ -106,7 +106,7 @@ type history struct {
 func newHistory() *history {
 	return &history{start: time.Now(), wrote: make(chan struct{}), lossGrace: lossGrace, log: slog.New(slog.DiscardHandler),
 		delays: map[string][][2]int64{},
-		obs:    observations{seen: map[hlc.Timestamp]int64{}, gone: map[hlc.Timestamp]int64{}}}
+		obs:    observations{seen: map[hlc.Timestamp]int64{}, gone: map[hlc.Timestamp]int64{}, back: map[hlc.Timestamp]bool{}}}
 }
 
 // now is the time since the schedule began, on the monotonic clock.
