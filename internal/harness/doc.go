@@ -47,7 +47,10 @@
 //   - a term whose key the observer saw deleted or taken, or that led when
 //     the store was closed, must stop leading within the renew deadline (and
 //     100 ms): a renewal sent after that can only have succeeded by
-//     re-creating the key;
+//     re-creating the key. Counted, not a violation: a key deleted by hand
+//     while a fault held up a renewal of its own, which then re-created it,
+//     with no other term seen in between (the library documents it: the
+//     holder cannot tell that renewal from any other);
 //   - the observer never sees a term token go back: a leader whose token is
 //     not above every token seen before (in store order) must have stopped
 //     leading within the renew deadline of a newer term's, or of its own key
