@@ -300,16 +300,12 @@ func (h *holding) failed(err error) {
 // write tries again.
 func (h *holding) confirm(ctx context.Context) (*sskv.Conn, error) {
 	l := h.l
-	h.mu.Lock()
-	conn, recheck, version := h.conn, h.recheck, h.version
-	h.mu.Unlock()
-	select {
-	case <-conn.Done():
-	default:
-		if !recheck {
-			return conn, nil
-		}
+	if conn, ok := h.settled(); ok {
+		return conn, nil
 	}
+	h.mu.Lock()
+	version := h.version
+	h.mu.Unlock()
 	next, err := l.c.Connection(ctx)
 	if err != nil {
 		return nil, err
@@ -497,22 +493,33 @@ func (h *holding) judge(ev sskv.Event) {
 	}
 }
 
-// connection returns the connection the holding's writes go out on,
-// confirming the key first if it must (see confirm), within ctx and the
-// renew deadline.
-func (h *holding) connection(ctx context.Context) (*sskv.Conn, error) {
+// settled returns the connection the holding last saw its key on, and
+// whether its writes may go out on it without a confirmation: it is up, and
+// the guard has not asked for one.
+func (h *holding) settled() (*sskv.Conn, bool) {
 	h.mu.Lock()
-	conn, recheck, expires := h.conn, h.recheck, h.expires
+	conn, recheck := h.conn, h.recheck
 	h.mu.Unlock()
 	select {
 	case <-conn.Done():
+		return conn, false
 	default:
-		if !recheck {
-			return conn, nil
-		}
+		return conn, !recheck
+	}
+}
+
+// connection returns the connection the holding's writes go out on,
+// confirming the key first if it must (see confirm), within ctx and the
+// renew deadline. It returns why the holding ended, if it did.
+func (h *holding) connection(ctx context.Context) (*sskv.Conn, error) {
+	if conn, ok := h.settled(); ok {
+		return conn, nil
 	}
 	h.writeMu.Lock()
 	defer h.writeMu.Unlock()
+	h.mu.Lock()
+	expires := h.expires
+	h.mu.Unlock()
 	ctx, cancel := context.WithDeadline(ctx, expires)
 	defer cancel()
 	stop := context.AfterFunc(h.ctx, cancel)
@@ -528,14 +535,7 @@ func (h *holding) connection(ctx context.Context) (*sskv.Conn, error) {
 // errEnded when the holding ended; another error leaves the confirmation to
 // the next write.
 func (h *holding) recheckNow() error {
-	h.writeMu.Lock()
-	defer h.writeMu.Unlock()
-	h.mu.Lock()
-	expires := h.expires
-	h.mu.Unlock()
-	ctx, cancel := context.WithDeadline(h.ctx, expires)
-	defer cancel()
-	_, err := h.confirm(ctx)
+	_, err := h.connection(h.ctx)
 	if h.ctx.Err() != nil {
 		return errEnded
 	}
