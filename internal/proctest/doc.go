@@ -26,6 +26,12 @@
 //     its start to its end as the candidate logged them; a killed
 //     candidate's work ends at its kill. Every overlap is reported, with
 //     both candidates, its start and length, and whether it is excused.
+//     Reported apart, and not a failure: the overlap package lock says no
+//     client can prevent, of a leader that led across a store restart with
+//     the first work of a candidate process started after the restarted
+//     store was listening, which connected at once, saw the key missing and
+//     took it before the former leader had reconnected. (A process started
+//     while the store was down holds off: an overlap with it fails.)
 //  2. No acknowledged increment is lost, in each lifetime of the store (a
 //     restart loses the counter). An acknowledged write is assigned to the
 //     lifetime of the store process that applied it, from its sending, its

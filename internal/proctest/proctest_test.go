@@ -178,8 +178,9 @@ func execute(t *testing.T, cfg config) *result {
 // report is what the checks found.
 type report struct {
 	overlaps                 []overlap
-	unexcused                int
+	unexcused, unknowable    int
 	maxUnexcused, maxExcused time.Duration
+	maxUnknowable            time.Duration
 	inc                      increments
 	restarts, storePauses    int
 	pauses, kills            int           // of candidates
@@ -202,10 +203,12 @@ func (res *result) check() report {
 			}
 		}
 	}
+	var restarts []span
 	for _, f := range res.faults {
 		switch f.Kind {
 		case "store-restart":
 			rep.restarts++
+			restarts = append(restarts, span{f.From, f.To})
 		case "store-pause":
 			rep.storePauses++
 		case "pause":
@@ -214,11 +217,15 @@ func (res *result) check() report {
 			rep.kills++
 		}
 	}
-	rep.overlaps = findOverlaps(res.cands)
+	rep.overlaps = findOverlaps(res.cands, restarts)
 	for _, o := range rep.overlaps {
-		if o.excused() {
+		switch {
+		case o.excused():
 			rep.maxExcused = max(rep.maxExcused, o.length())
-		} else {
+		case o.unknowable():
+			rep.unknowable++
+			rep.maxUnknowable = max(rep.maxUnknowable, o.length())
+		default:
 			rep.unexcused++
 			rep.maxUnexcused = max(rep.maxUnexcused, o.length())
 		}
@@ -253,8 +260,8 @@ func (rep report) log(t *testing.T, res *result) {
 		res.cfg.seed, res.cfg.faultTime, rep.restarts, rep.storePauses, rep.pauses, rep.kills)
 	t.Logf("increments: %d acknowledged, %d refused as stale, %d unknown, %d failed reads; %d acknowledged writes were ambiguous between two store lifetimes",
 		rep.inc.ok, rep.inc.stale, rep.inc.unknown, rep.inc.readErrors, rep.inc.ambiguous)
-	t.Logf("overlaps: %d, of which %d not excused by a pause (the longest %v); the longest excused %v",
-		len(rep.overlaps), rep.unexcused, rep.maxUnexcused, rep.maxExcused)
+	t.Logf("overlaps: %d, of which %d not excused by a pause (the longest %v); the longest excused %v; %d with a process started just after a store restart, which no client can prevent (the longest %v)",
+		len(rep.overlaps), rep.unexcused, rep.maxUnexcused, rep.maxExcused, rep.unknowable, rep.maxUnknowable)
 	t.Logf("first write after healing: %s (limit TTL + %v = %v)", live, livenessSlack, res.cfg.ttl+livenessSlack)
 }
 

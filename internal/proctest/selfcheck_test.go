@@ -40,7 +40,7 @@ func ms(n int64) int64 { return n * int64(time.Millisecond) }
 
 // TestOverlaps: overlaps of works are found, excused only by a pause of one
 // of the two during the overlap, and a killed candidate's work ends at its
-// kill.
+// kill; the overlap no client can prevent is told apart.
 func TestOverlaps(t *testing.T) {
 	starts := func(at ...int64) []event { // work_start, work_end, work_start, ...
 		var evs []event
@@ -55,14 +55,24 @@ func TestOverlaps(t *testing.T) {
 	c := &candidate{proc: &proc{name: "c", exited: ms(2000)}, log: starts(610, 900)} // after a's kill
 	d := &candidate{proc: &proc{name: "d", exited: ms(1000)}, log: starts(950)}      // open until its exit
 
+	// e leads across a store restart (killed at 3.1 s, listening again at
+	// 3.2 s); f, started after it, takes the missing key: what no client can
+	// know. g, started while the store was down, must have held off.
+	e := &candidate{proc: &proc{name: "e", exited: ms(4000)}, log: starts(3000, 3600)}
+	f := &candidate{proc: &proc{name: "f", started: ms(3250), exited: ms(4000)}, log: starts(3300, 3400)}
+	g := &candidate{proc: &proc{name: "g", started: ms(3150), exited: ms(4000)}, log: starts(3450, 3500)}
+	restarts := []span{{ms(3100), ms(3200)}}
+
 	var got []string
-	for _, o := range findOverlaps([]*candidate{a, b, c, d}) {
+	for _, o := range findOverlaps([]*candidate{a, b, c, d, e, f, g}, restarts) {
 		got = append(got, o.describe(0))
 	}
 	want := []string{
 		"a and b worked at once from +0.250s for 50ms: NOT EXCUSED",
 		"a and b worked at once from +0.550s for 50ms: excused, b (the later work) was paused +0.560s to +0.580s; the overlap ended 20ms after the pause's end",
 		"b and c worked at once from +0.610s for 90ms: NOT EXCUSED",
+		"e and f worked at once from +3.300s for 100ms: not excused by a pause, but no client can know it: f started at +3.250s, after the store restarted (+3.100s to +3.200s), having seen nothing; e had not reconnected yet",
+		"e and g worked at once from +3.450s for 50ms: NOT EXCUSED",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("overlaps:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
