@@ -610,6 +610,9 @@ func (c *Client) setup(gen uint64, sessionPresent bool) {
 		}, ErrConnectionLost); n > 0 {
 			c.log.Warn("session lost on reconnect: requests in flight have an unknown outcome", "requests", n)
 		}
+		if gen > 1 {
+			c.forgetVersions()
+		}
 	}
 	st := c.setState(func(old connState) connState {
 		if old.gen != gen {

@@ -149,7 +149,10 @@
 //     version to order it by. Registration and read are bound to the new
 //     connection (a registration is never sent again on a later one, where
 //     nobody would stop it), and a Watcher stopped meanwhile is unregistered
-//     after them.
+//     after them. When the broker has lost the client's session (it
+//     restarted, most likely), the state the client reads next is taken as
+//     news whatever its version: a restarted store, whose clock is the wall
+//     clock, may give lower versions than its predecessor for a while.
 //   - A slow consumer: each watcher buffers Config.WatchBuffer events (default
 //     64). Beyond that, its events are coalesced into one Resync event with
 //     the key's latest known state, delivered after the buffered events as

@@ -405,3 +405,43 @@ func TestEndedContextNotSent(t *testing.T) {
 		t.Fatalf("the store got %d requests; want only the marker", n)
 	}
 }
+
+// TestWatchAcrossRestartWithClockBehind: the store restarts (every key and
+// session lost), and the new store's clock is behind the old one's, so the
+// versions it gives are lower than those the watcher knew. A SET made in the
+// new store before the watcher is back must still be reported, not taken
+// for older than what the watcher knew.
+func TestWatchAcrossRestartWithClockBehind(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	addr := srv.Addr()
+	p := startProxy(t, srv, faultproxy.Options{})
+	c := dial(t, srv, viaProxy(p))
+	ctx := testCtx(t)
+	srv.SetClockOffset(time.Minute / 2) // the old store's versions are ahead
+	w, err := c.Watch(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	if _, err := c.Set(ctx, "k", []byte("old"), sskv.SetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if ev := nextEvent(t, w); string(ev.Value) != "old" {
+		t.Fatalf("event %+v", ev)
+	}
+	p.Partition() // the watcher is away while the store restarts
+	_ = srv.Close()
+	next, err := localstore.Start(localstore.Config{Addr: addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = next.Close() })
+	set, err := dial(t, next).Set(ctx, "k", []byte("new"), sskv.SetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Heal()
+	if ev := nextEvent(t, w); !ev.Resync || string(ev.Value) != "new" || ev.Version != set.Version {
+		t.Fatalf("event %+v after the restart, want Resync of the new store's SET at %v", ev, set.Version)
+	}
+}

@@ -341,6 +341,22 @@ func (c *Client) syncReg(ctx context.Context, reg *registration, cn *Conn) error
 	return nil
 }
 
+// forgetVersions makes the watches take the next state they learn as new,
+// whatever its version, after a reconnect on which the broker had lost the
+// client's session: most likely it restarted, and a restarted store, which
+// has lost its keys, may give versions below those of its predecessor for a
+// while (its clock is the wall clock; the old one's may have been pushed
+// ahead by clients' clocks, or the wall clock may have stepped back). A
+// watch that compared the new versions with the old ones would take a new
+// SET for a stale one and drop it.
+func (c *Client) forgetVersions() {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	for _, reg := range c.regs {
+		reg.known.version = hlc.Timestamp{}
+	}
+}
+
 // resyncWatches re-registers, after connection cn came up, every watch not
 // yet synced on it.
 func (c *Client) resyncWatches(cn *Conn) {
