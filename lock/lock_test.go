@@ -227,7 +227,9 @@ func TestRenewalsKeepTheLock(t *testing.T) {
 // the key's notifications (counted at the store over 10 TTLs).
 func TestWaitersSendNothingWhileHolderRenews(t *testing.T) {
 	srv := startStore(t)
-	ttl := 100 * time.Millisecond
+	// Renewals every 100 ms, lost at 200 ms without one: a loaded CI
+	// machine running the race detector missed a 66 ms deadline.
+	ttl := 300 * time.Millisecond
 	ca := dial(t, srv.Addr())
 	a := newLock(t, ca, lock.Config{Name: "l", TTL: ttl})
 	mustLock(t, a)
