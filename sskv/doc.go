@@ -25,7 +25,8 @@
 // Config.RequestTimeout when the context has none; the service is told the
 // same bound as the request's Message Expiry (the time left, in whole
 // seconds rounded up), and a broker drops a request whose expiry passes
-// before it is delivered to the service (the local store does too).
+// before it is delivered to the service (the local store does too). A
+// request whose context has already ended is not sent at all.
 //
 // Outcomes that are not errors: a missing key (Found false), a SET whose
 // condition was not met (Applied false, with the version of the value that
