@@ -223,10 +223,8 @@ func (h *holding) write(ctx context.Context, rec []byte) (time.Time, error) {
 	rec, rewrite, expires := h.rec, h.rewrite, h.expires
 	h.mu.Unlock()
 
-	ctx, cancel := context.WithDeadline(ctx, expires)
-	defer cancel()
-	stop := context.AfterFunc(h.ctx, cancel)
-	defer stop()
+	ctx, release := h.within(ctx, expires)
+	defer release()
 	conn, err := h.confirm(ctx)
 	if err != nil {
 		if h.ctx.Err() != nil {
@@ -520,15 +518,24 @@ func (h *holding) connection(ctx context.Context) (*sskv.Conn, error) {
 	h.mu.Lock()
 	expires := h.expires
 	h.mu.Unlock()
-	ctx, cancel := context.WithDeadline(ctx, expires)
-	defer cancel()
-	stop := context.AfterFunc(h.ctx, cancel)
-	defer stop()
+	ctx, release := h.within(ctx, expires)
+	defer release()
 	conn, err := h.confirm(ctx)
 	if h.ctx.Err() != nil {
 		return nil, h.err()
 	}
 	return conn, err
+}
+
+// within returns ctx, ended also at expires (the renew deadline) and when
+// the holding ends, and the function that releases it.
+func (h *holding) within(ctx context.Context, expires time.Time) (context.Context, func()) {
+	ctx, cancel := context.WithDeadline(ctx, expires)
+	stop := context.AfterFunc(h.ctx, cancel)
+	return ctx, func() {
+		stop()
+		cancel()
+	}
 }
 
 // recheckNow confirms the key (see confirm) without writing. It returns

@@ -34,6 +34,17 @@ func swallow(t *testing.T, p *faultproxy.Proxy, c *sskv.Client, send func()) {
 	p.Cut()
 }
 
+// awayClient returns a store, and a client that reaches it through a fault
+// proxy and reconnects slowly, connected.
+func awayClient(t *testing.T) (*localstore.Server, *faultproxy.Proxy, *sskv.Client) {
+	t.Helper()
+	srv := startStore(t, localstore.Config{})
+	p := startProxy(t, srv, faultproxy.Options{})
+	c := dial(t, srv, viaProxy(p), slowReconnect)
+	reconnected(t, c)
+	return srv, p, c
+}
+
 // reconnected waits until c has reconnected and the store has handled what
 // it resent: a request made now is executed after them.
 func reconnected(t *testing.T, c *sskv.Client) {
@@ -47,11 +58,8 @@ func reconnected(t *testing.T, c *sskv.Client) {
 // stuck is not executed when the session is resumed, whereas one whose
 // caller still waits is.
 func TestAbandonedRequestNotResent(t *testing.T) {
-	srv := startStore(t, localstore.Config{})
-	p := startProxy(t, srv, faultproxy.Options{})
-	c := dial(t, srv, viaProxy(p), slowReconnect)
+	_, p, c := awayClient(t)
 	ctx := testCtx(t)
-	reconnected(t, c)
 
 	waiting := make(chan error, 1)
 	swallow(t, p, c, func() {
@@ -84,9 +92,7 @@ func TestAbandonedRequestNotResent(t *testing.T) {
 // ErrConnectionLost and is not sent again; one made after fails with
 // ErrNotSent at once; neither is executed.
 func TestConnBoundRequests(t *testing.T) {
-	srv := startStore(t, localstore.Config{})
-	p := startProxy(t, srv, faultproxy.Options{})
-	c := dial(t, srv, viaProxy(p), slowReconnect)
+	_, p, c := awayClient(t)
 	ctx := testCtx(t)
 	cn, err := c.Connection(ctx)
 	if err != nil {
@@ -133,11 +139,8 @@ func TestConnBoundRequests(t *testing.T) {
 // client is back (the resumed session used to register it again, and the
 // store then notified a client that had no Watcher).
 func TestAbandonedWatchNotRegistered(t *testing.T) {
-	srv := startStore(t, localstore.Config{})
-	p := startProxy(t, srv, faultproxy.Options{})
-	c := dial(t, srv, viaProxy(p), slowReconnect)
+	srv, p, c := awayClient(t)
 	ctx := testCtx(t)
-	reconnected(t, c)
 
 	wctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
