@@ -19,7 +19,7 @@ import (
 )
 
 // addrEnv names the environment variable that points the suite at an already
-// running state store instead of building and starting ../examples/statestore.
+// running state store instead of building and starting ../cmd/statestore.
 const addrEnv = "DSSLOCK_STATESTORE_ADDR"
 
 const (
@@ -106,13 +106,13 @@ func buildStore(bin string) error {
 		// reports makes it exit non-zero, which fails the run at shutdown.
 		args = append(args, "-race")
 	}
-	args = append(args, "./examples/statestore")
+	args = append(args, "./cmd/statestore")
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = ".."
 	cmd.Env = append(os.Environ(), "GOWORK=off")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("go build ../examples/statestore: %w\n%s", err, out)
+		return fmt.Errorf("go build ../cmd/statestore: %w\n%s", err, out)
 	}
 	return nil
 }

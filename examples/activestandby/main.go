@@ -5,7 +5,7 @@
 //
 // Run a local state store and two replicas, each in a terminal of its own:
 //
-//	go run ./examples/statestore
+//	go run ./cmd/statestore
 //	go run ./examples/activestandby -id a
 //	go run ./examples/activestandby -id b -http :8081
 //

@@ -123,7 +123,7 @@ func svgClasses(t *testing.T, data []byte) map[string]int {
 }
 
 // TestTimelineTwiceOnOneStore runs the demo twice against one store, as a
-// user would against examples/statestore: the first time with -addr, the
+// user would against cmd/statestore: the first time with -addr, the
 // second with the AIO_* environment. Each run starts afresh and tells the
 // whole story.
 func TestTimelineTwiceOnOneStore(t *testing.T) {

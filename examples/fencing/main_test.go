@@ -30,7 +30,7 @@ func TestDemo(t *testing.T) {
 }
 
 // TestDemoTwiceOnOneStore: a second run against the same store (a user
-// running it twice against examples/statestore) starts afresh.
+// running it twice against cmd/statestore) starts afresh.
 func TestDemoTwiceOnOneStore(t *testing.T) {
 	srv, err := localstore.Start(localstore.Config{})
 	if err != nil {

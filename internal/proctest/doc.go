@@ -3,7 +3,7 @@
 // and the faults are real process faults. It has no API: it is a test
 // (TestProcesses), and the candidate program it runs (./candidate).
 //
-// The test builds the local state store (examples/statestore) and the
+// The test builds the local state store (cmd/statestore) and the
 // candidate with go build, starts the store on a free loopback port and
 // three candidates. Each candidate campaigns with leader.Elector (TTL 1 s)
 // and, while it leads, increments one counter key with fenced

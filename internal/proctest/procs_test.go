@@ -29,7 +29,7 @@ func now() int64 { return time.Now().UnixNano() }
 // nothing but the go command (and the module proxy).
 func buildPrograms(ctx context.Context, dir string) (store, candidate string, err error) {
 	cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+string(filepath.Separator),
-		"github.com/dsslock/dsslock/examples/statestore",
+		"github.com/dsslock/dsslock/cmd/statestore",
 		"github.com/dsslock/dsslock/internal/proctest/candidate")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", "", fmt.Errorf("go build: %w\n%s", err, out)

@@ -315,7 +315,7 @@ that client id, which disconnects any other client using it: give -client-id
 when running next to the application the environment belongs to.
 
 Examples:
-  go run ./examples/statestore &         # a local store on 127.0.0.1:1883
+  go run ./cmd/statestore &         # a local store on 127.0.0.1:1883
   sskv set greeting hello
   sskv get greeting
   sskv set lock me -nx -px 10s           # prints OK V: V is a fencing token

@@ -2,9 +2,9 @@
 // MQTT v5 broker with the Azure IoT Operations state store built in, for
 // developing on a laptop instead of a cluster.
 //
-//	go run ./examples/statestore                   # serves on 127.0.0.1:1883
-//	go run ./examples/statestore -listen :1883     # every interface
-//	go run ./examples/statestore -listen 127.0.0.1:0  # a free port, logged
+//	go run ./cmd/statestore                   # serves on 127.0.0.1:1883
+//	go run ./cmd/statestore -listen :1883     # every interface
+//	go run ./cmd/statestore -listen 127.0.0.1:0  # a free port, logged
 //
 // It logs the address it listens on and stops cleanly on SIGINT or SIGTERM.
 // Data lives in memory only.

@@ -3,26 +3,26 @@
 // github.com/dsslock/dsslock/sskv. It is the first thing to run to see what
 // is in a store.
 //
-// Against a local store (go run ./examples/statestore serves one on
+// Against a local store (go run ./cmd/statestore serves one on
 // 127.0.0.1:1883, the default address):
 //
-//	go run ./examples/sskv set greeting hello
-//	go run ./examples/sskv get greeting
-//	go run ./examples/sskv set lock me -nx -px 10s     # OK <version>: a fencing token
-//	go run ./examples/sskv set data v1 -ft 001714000000000:00000:statestore
-//	go run ./examples/sskv vdel lock me
-//	go run ./examples/sskv watch greeting lock         # until Ctrl-C
-//	go run ./examples/sskv elect svc/leader me         # "leader me TOKEN", until Ctrl-C
-//	go run ./examples/sskv elect -l svc/leader         # who leads, and each change
-//	echo -n payload | go run ./examples/sskv set blob -file -
-//	go run ./examples/sskv get -raw blob > blob.bin
+//	go run ./cmd/sskv set greeting hello
+//	go run ./cmd/sskv get greeting
+//	go run ./cmd/sskv set lock me -nx -px 10s     # OK <version>: a fencing token
+//	go run ./cmd/sskv set data v1 -ft 001714000000000:00000:statestore
+//	go run ./cmd/sskv vdel lock me
+//	go run ./cmd/sskv watch greeting lock         # until Ctrl-C
+//	go run ./cmd/sskv elect svc/leader me         # "leader me TOKEN", until Ctrl-C
+//	go run ./cmd/sskv elect -l svc/leader         # who leads, and each change
+//	echo -n payload | go run ./cmd/sskv set blob -file -
+//	go run ./cmd/sskv get -raw blob > blob.bin
 //
 // Against a broker of Azure IoT Operations, with connection flags before the
 // command, or the AIO_* environment of a pod with -env:
 //
-//	go run ./examples/sskv -addr aio-broker:18883 -tls -ca ca.pem \
+//	go run ./cmd/sskv -addr aio-broker:18883 -tls -ca ca.pem \
 //		-sat-file /var/run/secrets/tokens/broker-sat get mykey
-//	go run ./examples/sskv -env watch mykey
+//	go run ./cmd/sskv -env watch mykey
 //
 // Exit status: 0 when the command did what it was asked; 1 on an error
 // (connection, refused by the service, ...); 2 on bad usage; 3 when a
@@ -30,7 +30,7 @@
 // del or vdel of a missing key, vdel of a key that holds another value;
 // 4 when lock or elect lost what they held (see "help lock", "help elect").
 //
-// Run "go run ./examples/sskv -h" or "... help COMMAND" for every flag.
+// Run "go run ./cmd/sskv -h" or "... help COMMAND" for every flag.
 package main
 
 import (
