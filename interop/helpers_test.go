@@ -280,7 +280,7 @@ func (c *client) doClose() {
 }
 
 // notifyTopicFor is the topic on which the store delivers notifications of
-// key to this client (wire-notes: upper-case hex of client id and key).
+// key to this client (docs/protocol.md: upper-case hex of client id and key).
 func (c *client) notifyTopicFor(key string) string {
 	return fmt.Sprintf(notifyTopic,
 		strings.ToUpper(hex.EncodeToString([]byte(c.id))),

@@ -14,7 +14,7 @@ import (
 )
 
 // Error messages as the real service sends them after "-ERR ", copied byte
-// for byte from shared/spec/wire-notes.md (not from the SDK, so that a
+// for byte from docs/protocol.md (not from the SDK, so that a
 // mismatch between the two would show).
 const (
 	wireFencingRequired = "a fencing token is required for this request"
@@ -38,7 +38,7 @@ func wantServiceError(t *testing.T, op string, err error, want string, sdkConst 
 		return
 	}
 	if string(se) != want {
-		t.Errorf("%s: service error message\n got %q\nwant %q (wire-notes, byte for byte)", op, string(se), want)
+		t.Errorf("%s: service error message\n got %q\nwant %q (docs/protocol.md, byte for byte)", op, string(se), want)
 	}
 	if se != sdkConst {
 		t.Errorf("%s: service error %q != SDK constant %q", op, string(se), string(sdkConst))

@@ -2,8 +2,9 @@
 // v5 broker (mochi-mqtt) with the state store protocol built in, for tests,
 // examples and development on a laptop.
 //
-// It answers as the deployed service does (see wire-notes.md in the project's
-// spec), so that code tested against it works against a cluster and the
+// It answers as the deployed service does (docs/protocol.md in the
+// repository describes it, and where Microsoft's public document differs), so
+// that code tested against it works against a cluster and the
 // official SDK clients work against it unchanged:
 //
 //   - SET (NX, NEX, PX), GET, DEL, VDEL, KEYNOTIFY and KEYNOTIFY STOP, published
@@ -45,7 +46,7 @@
 //
 // # The store's own error messages
 //
-// Every -ERR text is the service's (see wire-notes.md), except these four,
+// Every -ERR text is the service's (see docs/protocol.md), except these four,
 // for cases the service documents no text for; they are this package's
 // (MsgNotQoS1, MsgNoCorrelation, MsgClockAhead, MsgResponseTooLarge):
 //
@@ -145,7 +146,7 @@
 // What it does not do: keep data beyond Close (aio-persistence is accepted and
 // ignored), clustering, or MQTT features beyond what mochi-mqtt provides. It
 // does not hold messages back when a client's Receive Maximum is reached
-// (mochi's flow control can deadlock, see hook.go): up to
+// (mochi's flow control can deadlock when a client stops reading): up to
 // Config.MaxPendingMessages QoS 1 messages are in flight to a client, and
 // clients with the usual Receive Maximum of 65535 never notice.
 package localstore

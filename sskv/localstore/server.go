@@ -527,7 +527,7 @@ func (s *Server) serve(cl clientRef, user string, payload []byte, props []packet
 }
 
 // The store's own -ERR messages, for cases the service's documentation gives
-// no text for (see wire-notes.md): they are this package's, not the
+// no text for (see docs/protocol.md): they are this package's, not the
 // service's. Official clients never send requests that get the first two.
 const (
 	// MsgNotQoS1 answers a request published at QoS 0.

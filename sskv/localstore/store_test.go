@@ -25,7 +25,7 @@ const (
 	nullResp   = "$-1\r\n"
 )
 
-// TestResponses walks the response table of wire-notes: payload and __ts for
+// TestResponses walks the response table of docs/protocol.md: payload and __ts for
 // every case, and the properties every response carries.
 func TestResponses(t *testing.T) {
 	srv := startStore(t, localstore.Config{})
@@ -231,7 +231,7 @@ func TestErrors(t *testing.T) {
 	}
 }
 
-// TestFencing follows the fencing rules of wire-notes for SET, DEL and VDEL.
+// TestFencing follows the fencing rules of docs/protocol.md for SET, DEL and VDEL.
 func TestFencing(t *testing.T) {
 	srv := startStore(t, localstore.Config{})
 	c := connect(t, srv)

@@ -2,8 +2,8 @@
 // client (package sskv) and the local state store (package sskv/localstore)
 // must agree on: topics, user properties and the exact error messages.
 //
-// The values follow ../shared/spec/wire-notes.md, which describes the deployed
-// service where the public protocol document is vague or wrong.
+// The values follow docs/protocol.md in the repository, which describes the
+// deployed service where the public protocol document is vague or wrong.
 package wire
 
 import (
