@@ -249,7 +249,6 @@ type link struct {
 
 	mu     sync.Mutex
 	frozen chan struct{} // non-nil while frozen; closed by resume
-	wake   chan struct{} // closed when data is held or the link ends, for a waiting writer; replaced each time
 
 	closeOnce  sync.Once
 	done       chan struct{} // closed when the link is closed

@@ -186,7 +186,7 @@ func ValidateNode(node string) error {
 func malformed[S string | []byte](reason string, input S) error {
 	in := string(input)
 	if len(in) > maxErrInput {
-		return fmt.Errorf("%w: %s: %q...", ErrMalformed, reason, in[:maxErrInput])
+		return fmt.Errorf("%w: %s: %q (truncated)", ErrMalformed, reason, in[:maxErrInput])
 	}
 	return fmt.Errorf("%w: %s: %q", ErrMalformed, reason, in)
 }

@@ -104,7 +104,7 @@ func TestParseErrorQuotesTruncatedInput(t *testing.T) {
 	if err == nil {
 		t.Fatal("no error")
 	}
-	if msg := err.Error(); len(msg) > 200 || !strings.Contains(msg, `"1:1:xxx`) || !strings.HasSuffix(msg, `"...`) {
+	if msg := err.Error(); len(msg) > 200 || !strings.Contains(msg, `"1:1:xxx`) || !strings.HasSuffix(msg, `" (truncated)`) {
 		t.Errorf("error = %q; want a short message quoting a prefix of the input", msg)
 	}
 }

@@ -442,7 +442,7 @@ func TestRetriedLockHoldsOffAfterStoreRestart(t *testing.T) {
 	mustLock(t, a)
 	proxy.Partition() // a stays away from the restarted store
 	down := time.Now()
-	srv = restartStore(t, srv, 100*time.Millisecond)
+	restartStore(t, srv, 100*time.Millisecond) // the new store keeps its address
 	for {
 		b := newLock(t, cb, lock.Config{Name: "l", TTL: ttl})
 		ok, err := b.TryLock(testCtx(t))

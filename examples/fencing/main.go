@@ -149,7 +149,7 @@ func run(ctx context.Context, out io.Writer, addr string, ttl time.Duration) err
 	say("A", "write REJECTED by the state store: %v", strings.TrimPrefix(err.Error(), "sskv: "))
 	_, err = wa.Set(ctx, dataKey, []byte("22.5 (from A)"), sskv.SetOptions{})
 	if !errors.Is(err, fenced.ErrStale) {
-		return fmt.Errorf("A's fenced writer did not refuse: %v", err)
+		return fmt.Errorf("the fenced writer of A did not refuse: %v", err)
 	}
 	say("A", "its fenced writer refuses even to send: %v", err)
 
