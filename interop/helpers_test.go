@@ -209,7 +209,14 @@ func (e *env) newClient(name string) *client {
 	if err != nil {
 		t.Fatalf("mqtt.NewSessionClient: %v", err)
 	}
+	return e.startClient(id, app, mc, logger)
+}
 
+// startClient starts mc, waits until it is connected and returns a started
+// state store client on it, closed at the end of the test.
+func (e *env) startClient(id string, app *protocol.Application, mc *mqtt.SessionClient, logger *slog.Logger) *client {
+	t := e.t
+	t.Helper()
 	connected := make(chan struct{}, 1)
 	fatal := make(chan error, 1)
 	unregConn := mc.RegisterConnectEventHandler(func(*mqtt.ConnectEvent) {
