@@ -4,15 +4,23 @@
 // it stops.
 //
 //	t, err := leader.Campaign(ctx, client, "orders/leader", []byte("10.0.0.5:8080"))
-//	if err != nil { ... }                        // ctx ended; nothing left behind
-//	err = work(t.Context(), t)                   // cancelled the moment leadership is lost
-//	_ = t.Resign(context.Background())           // after work has returned: hands over at once
+//	if err != nil {
+//		return err // ctx ended; nothing left behind
+//	}
+//	err = work(t.Context(), fenced.New(client, t)) // cancelled the moment leadership is lost
+//	_ = t.Resign(context.Background())             // after work has returned: hands over at once
 //
 // or, to campaign again after each loss, with callbacks and a health check:
 //
-//	e, err := leader.NewElector(client, "orders/leader", addr, leader.WithTTL(5*time.Second))
+//	e, err := leader.NewElector(client, "orders/leader", []byte("10.0.0.5:8080"),
+//		leader.WithTTL(5*time.Second))
+//	if err != nil {
+//		return err
+//	}
 //	http.Handle("/healthz", e)
-//	err = e.Run(ctx, func(ctx context.Context, t *leader.Term) error { ... })
+//	err = e.Run(ctx, func(ctx context.Context, t *leader.Term) error {
+//		return work(ctx, fenced.New(client, t))
+//	})
 //
 // # How it works
 //
@@ -64,7 +72,11 @@
 //     which time the former leader has given its term up on its own clock.
 //   - The key is given up only after the work has returned: a lost term
 //     never deletes the key by itself, and [Elector.Run] resigns only once
-//     the work of the term has returned.
+//     the work of the term has returned. A resign does not wait for a store
+//     that is away: with the client's connection lost it returns at once
+//     (the error wraps lock.ErrNotReleased), and Elector.Run bounds its
+//     wait by the TTL. [Elector.Check] is healthy while Run resigns: the
+//     work has returned, so nothing acts as leader.
 //   - Term tokens increase strictly from one term to the next. Writes
 //     fenced with a term's token (package fenced) are refused by the store
 //     once a later term has written the same keys, whatever the old leader

@@ -26,9 +26,10 @@ type Elector struct {
 	ttl      time.Duration // validated, default filled in
 	log      *slog.Logger
 
-	mu   sync.Mutex
-	term *Term // while the work of a term runs
-	runs bool
+	mu        sync.Mutex
+	term      *Term // while the work of a term runs
+	resigning *Term // after its work returned, while Run resigns it
+	runs      bool
 }
 
 // NewElector returns an Elector for a candidate of election that publishes
@@ -116,13 +117,19 @@ func (e *Elector) Run(ctx context.Context, work func(ctx context.Context, t *Ter
 		cancel(nil)
 		lost := t.Err() // nil if the term lasted until work returned
 
-		// The work has returned: now the key may go.
+		// The work has returned: nothing acts as leader any more, whatever
+		// the resign below waits for. Now the key may go.
+		e.mu.Lock()
+		e.term, e.resigning = nil, t
+		e.mu.Unlock()
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), e.ttl)
 		if err := t.Resign(rctx); err != nil {
 			e.log.Warn("could not resign; the term's key expires after the TTL", "error", err)
 		}
 		rcancel()
-		e.setTerm(nil)
+		e.mu.Lock()
+		e.resigning = nil
+		e.mu.Unlock()
 		if e.o.onStopped != nil {
 			e.o.onStopped(t.Err())
 		}
@@ -185,7 +192,10 @@ func (e *Elector) Leading() bool {
 // error when this process acts as leader without being one, that is, when
 // the work of a term still runs longer than the health tolerance after the
 // term ended (its renewals stopped succeeding, or it was lost otherwise).
-// Not leading is healthy.
+// Not leading is healthy, and so is a term whose work has returned while
+// Run still resigns it: nothing acts as leader then, and a resign that
+// waits for an unreachable store is no reason to restart the process (the
+// key expires by itself within the TTL).
 func (e *Elector) Check() error {
 	t := e.Term()
 	if t == nil {
@@ -200,12 +210,20 @@ func (e *Elector) Check() error {
 	return nil
 }
 
-// ServeHTTP serves Check: 200 "ok", or 503 and the error.
+// ServeHTTP serves Check: 200 and "ok", or 503 and the error. While Run
+// resigns a term whose work has returned, the 200's text says so.
 func (e *Elector) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	if err := e.Check(); err != nil {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		_, _ = fmt.Fprintln(w, err)
+		return
+	}
+	e.mu.Lock()
+	resigning := e.resigning
+	e.mu.Unlock()
+	if resigning != nil {
+		_, _ = fmt.Fprintf(w, "ok: not leading; the work of the term with token %v has returned, and its resign is waiting for the store\n", resigning.Token())
 		return
 	}
 	_, _ = fmt.Fprintln(w, "ok")

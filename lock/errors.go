@@ -46,6 +46,14 @@ var (
 	// a call that needs the lock held when it is not.
 	ErrNotHeld = errors.New("lock: not held")
 
+	// ErrNotReleased is wrapped by the error of an Unlock (or Close) that
+	// could not delete the key because the client's connection to the store
+	// was lost: the store was away when Unlock began, or the connection was
+	// lost while the delete was in flight. Unlock does not wait for the
+	// store to come back: the holding has ended all the same, and the key,
+	// if the delete did not reach it, expires within its TTL.
+	ErrNotReleased = errors.New("lock: not released: the connection to the store was lost")
+
 	// ErrAlreadyHeld is returned by Lock and TryLock on a Lock that holds its
 	// key already: a Lock is one holder, not a counting lock.
 	ErrAlreadyHeld = errors.New("lock: already held by this Lock")

@@ -560,3 +560,48 @@ func (h *holding) askConfirm() {
 	default:
 	}
 }
+
+// releaseConn returns the connection release deletes the key on, and ctx
+// bounded for it. Release does not wait for a store that is away: a
+// release whose connection is lost ends at once, its outcome unknown,
+// instead of waiting for a reconnection that may never come (a store that
+// was shut down, a test that closed it first). After a reconnect, it goes
+// out on the client's current connection: VDEL deletes only this holding's
+// own record, so it needs no confirmation of the key first.
+func (h *holding) releaseConn(ctx context.Context) (*sskv.Conn, context.Context, func(), error) {
+	l := h.l
+	h.mu.Lock()
+	conn := h.conn
+	h.mu.Unlock()
+	if conn == nil || lost(conn) {
+		done, cancel := context.WithCancel(ctx)
+		cancel()
+		now, err := l.c.Connection(done) // the current connection, without waiting
+		if err != nil {
+			if errors.Is(err, sskv.ErrClosed) {
+				return nil, nil, nil, err
+			}
+			return nil, nil, nil, fmt.Errorf("%w, and the client has not reconnected; the key expires within its TTL", ErrNotReleased)
+		}
+		conn = now
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-conn.Done():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return conn, ctx, cancel, nil
+}
+
+// lost reports whether conn is lost.
+func lost(conn *sskv.Conn) bool {
+	select {
+	case <-conn.Done():
+		return true
+	default:
+		return false
+	}
+}

@@ -202,6 +202,11 @@ func (l *Lock) closedErr(ctx context.Context, err error) error {
 // or already released it, returns an error wrapping ErrNotHeld. An error
 // from the store means the outcome of the delete is unknown; the key then
 // expires after at most TTL.
+//
+// Unlock does not wait for a store that is away: when the client's
+// connection is lost (before the delete or while it is in flight), it
+// returns at once with an error wrapping ErrNotReleased. The holding ends
+// either way.
 func (l *Lock) Unlock(ctx context.Context) error {
 	if err := l.begin(ctx); err != nil {
 		return err
@@ -541,7 +546,15 @@ func (l *Lock) release(ctx context.Context) error {
 	if l.cfg.FenceKey {
 		opts.FencingToken = h.token
 	}
-	res, err := l.c.VDel(ctx, l.cfg.Name, h.record(), opts)
+	conn, ctx, stop, err := h.releaseConn(ctx)
+	if err != nil {
+		return l.wrap("unlock", err)
+	}
+	defer stop()
+	res, err := conn.VDel(ctx, l.cfg.Name, h.record(), opts)
+	if err != nil && lost(conn) {
+		err = fmt.Errorf("%w; the key is gone or expires within its TTL: %w", ErrNotReleased, err)
+	}
 	if errors.Is(err, sskv.ErrFencingTokenLower) {
 		// A newer holding fences the key: it is not this one's any more.
 		l.log.Info("released; a newer holder has the key")
