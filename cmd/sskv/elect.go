@@ -45,7 +45,7 @@ SIGINT or SIGTERM:
 seen one by one (during a reconnect). PROPOSAL is quoted, Go-style, when it
 is not printable UTF-8 or holds a space.`,
 	flags: func(fs *flag.FlagSet, o *cmdOpts) {
-		fs.DurationVar(&o.ttl, "ttl", lock.DefaultTTL, "the lease (whole milliseconds): a leader that stops renewing is replaced this long after its last renewal")
+		durationFlag(fs, &o.ttl, "ttl", lock.DefaultTTL, "the lease (whole milliseconds): a leader that stops renewing is replaced this long after its last renewal")
 		fs.BoolVar(&o.listen, "l", false, "observe: print the leader now and at each change (NAME only)")
 	},
 	minArgs: 1, maxArgs: 2,
@@ -63,8 +63,8 @@ func checkElect(o *cmdOpts, pos []string) error {
 		return usagef("-ttl is for a candidate: -l only observes")
 	case !o.listen && len(pos) < 2:
 		return usagef("missing PROPOSAL (want NAME PROPOSAL, or -l NAME to observe)")
-	case o.ttl < time.Millisecond || o.ttl%time.Millisecond != 0:
-		return usagef("-ttl %v: must be a positive whole number of milliseconds", o.ttl)
+	case !o.listen:
+		return checkTTL(o.ttl)
 	}
 	return nil
 }

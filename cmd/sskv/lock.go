@@ -31,7 +31,7 @@ const releaseTimeout = 10 * time.Second
 func runLocked(ctx context.Context, c *sskv.Client, name string, argv []string, ttl time.Duration, log *slog.Logger, stdin io.Reader, stdout, stderr io.Writer) int {
 	l, err := lock.New(c, lock.Config{Name: name, TTL: ttl, Logger: log})
 	if err != nil {
-		return fail(stderr, usagef("lock: %v", err))
+		return fail(stderr, usagef("%v", err)) // err says "lock: ..." itself
 	}
 	// Signals are passed on to the command once it runs; until then they
 	// end the wait (ctx).

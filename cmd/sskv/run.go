@@ -12,6 +12,7 @@ import (
 	"math"
 	"net"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -78,7 +79,7 @@ func newConnFlags(cf *connFlags) *flag.FlagSet {
 	fs.StringVar(&cf.passwordFile, "password-file", "", "`file` holding the MQTT password")
 	fs.StringVar(&cf.satFile, "sat-file", "", "Kubernetes service account token `file` (K8S-SAT authentication)")
 	fs.StringVar(&cf.clientID, "client-id", "", "MQTT client `id` (default: random)")
-	fs.DurationVar(&cf.timeout, "timeout", sskv.DefaultRequestTimeout, "bound of the connection and of each request")
+	durationFlag(fs, &cf.timeout, "timeout", sskv.DefaultRequestTimeout, "bound of the connection and of each request")
 	fs.BoolVar(&cf.verbose, "v", false, "log the client's connection events to stderr")
 	return fs
 }
@@ -90,6 +91,7 @@ type cmdOpts struct {
 	nex     bool
 	px      time.Duration
 	ft      hlc.Timestamp
+	force   bool
 	persist bool
 	file    string
 	ttl     time.Duration
@@ -119,6 +121,31 @@ func ftFlag(fs *flag.FlagSet, o *cmdOpts) {
 		o.ft = t
 		return nil
 	})
+	fs.BoolVar(&o.force, "force", false, "override the key's fencing token with a newer one made from this machine's clock:\nfor an operator resetting a fenced key by hand. It fences off the key's current\nholder, whose later fenced writes of the key the store then refuses")
+}
+
+// forceSkew is how far ahead of this machine's clock the token of a forced
+// DEL or VDEL is: a key's token comes from the store's clock, which may be
+// ahead, and the store accepts tokens up to 60 s ahead of its own. A forced
+// SET stores its token with the key, so it uses the clock as it is: a
+// token far ahead would fence off the next holders too.
+const forceSkew = 30 * time.Second
+
+// forceToken returns the fencing token of a forced write made now.
+func forceToken(cmd string, now time.Time) hlc.Timestamp {
+	if cmd != "set" {
+		now = now.Add(forceSkew)
+	}
+	return hlc.Timestamp{Wall: now.UnixMilli(), Node: "sskv-force"}
+}
+
+// fencingHint says how to write a fenced key when a write without a token
+// was refused. (A write refused for an older token is fencing at work: no
+// hint to override it.)
+func fencingHint(stderr io.Writer, cmd, key string, err error) {
+	if errors.Is(err, sskv.ErrFencingTokenRequired) {
+		fmt.Fprintf(stderr, "sskv: %s is protected by a fencing token: give -ft TOKEN (the holder's token, or a newer one),\nor reset it by hand with: sskv %s -force ... (this fences off the key's current holder)\n", strconv.Quote(key), cmd)
+	}
 }
 
 func fileFlag(fs *flag.FlagSet, o *cmdOpts) {
@@ -140,7 +167,7 @@ A missing key prints "(not found)" to stderr and exits with status 3.`,
 	},
 	{
 		name:    "set",
-		args:    "KEY VALUE [-nx | -nex] [-px DURATION] [-ft TOKEN] [-persist] [-file FILE]",
+		args:    "KEY VALUE [-nx | -nex] [-px DURATION] [-ft TOKEN | -force] [-persist] [-file FILE]",
 		summary: "set KEY to VALUE",
 		doc: `Prints "OK V", V being the key's new version (a fencing token, when KEY is a
 lock). When -nx or -nex keeps the value from being set, prints
@@ -161,7 +188,7 @@ lock). When -nx or -nex keeps the value from being set, prints
 	},
 	{
 		name:    "del",
-		args:    "KEY [-ft TOKEN]",
+		args:    "KEY [-ft TOKEN | -force]",
 		summary: "delete KEY",
 		doc: `Prints "DELETED V", V being the version of the deleted value, or
 "NOT FOUND" (exit status 3).`,
@@ -170,7 +197,7 @@ lock). When -nx or -nex keeps the value from being set, prints
 	},
 	{
 		name:    "vdel",
-		args:    "KEY VALUE [-ft TOKEN] [-file FILE]",
+		args:    "KEY VALUE [-ft TOKEN | -force] [-file FILE]",
 		summary: "delete KEY if it holds VALUE",
 		doc: `Prints "DELETED V", V being the version of the deleted value, "NOT FOUND",
 or "VALUE DIFFERS (current version V)" (both exit status 3).`,
@@ -215,11 +242,60 @@ COMMAND gets SIGTERM, then SIGKILL if it has not exited when the store
 could expire the lock (a third of the TTL later), and sskv exits with
 status 4, the reason on stderr. Give -- before COMMAND when it has flags.`,
 		flags: func(fs *flag.FlagSet, o *cmdOpts) {
-			fs.DurationVar(&o.ttl, "ttl", lock.DefaultTTL, "the lease: how long the lock outlives its holder's last renewal")
+			durationFlag(fs, &o.ttl, "ttl", lock.DefaultTTL, "the lease: how long the lock outlives its holder's last renewal")
 		},
 		minArgs: 2, maxArgs: -1,
+		check: func(o *cmdOpts, _ []string) error { return checkTTL(o.ttl) },
 	},
 	electCommand,
+}
+
+// minTTL is the shortest lease lock and elect take: a renewal every third
+// of it must get its answer within two thirds of it, over a real network.
+const minTTL = 100 * time.Millisecond
+
+// durationFlag defines a duration flag whose errors say what is wrong with
+// the value and what a valid one looks like.
+func durationFlag(fs *flag.FlagSet, p *time.Duration, name string, value time.Duration, usage string) {
+	*p = value
+	fs.Func(name, usage+" (default "+value.String()+")", func(s string) error {
+		d, err := parseDuration(s)
+		if err != nil {
+			return err
+		}
+		*p = d
+		return nil
+	})
+}
+
+// parseDuration parses a Go duration such as 10s, 1m30s or 500ms, with
+// errors a user can act on.
+func parseDuration(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	if err == nil {
+		return d, nil
+	}
+	if _, nerr := strconv.ParseFloat(s, 64); nerr == nil {
+		return 0, fmt.Errorf("missing unit: write %ss or %sms", s, s)
+	}
+	if durationSyntax.MatchString(s) {
+		return 0, fmt.Errorf("invalid duration %q: out of range (at most %v)", s, time.Duration(math.MaxInt64))
+	}
+	return 0, errors.New("not a duration: write a number and a unit, such as 10s, 1m30s or 500ms")
+}
+
+// durationSyntax matches what time.ParseDuration takes, whatever the value.
+var durationSyntax = regexp.MustCompile(`^[-+]?(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+$`)
+
+// checkTTL checks the value of -ttl for lock and elect, before connecting.
+func checkTTL(ttl time.Duration) error {
+	switch {
+	case ttl <= 0 || ttl%time.Millisecond != 0:
+		return usagef("-ttl %v: must be a positive whole number of milliseconds", ttl)
+	case ttl < minTTL:
+		return usagef("-ttl %v: must be at least %v, so that renewals can get their answers in time", ttl, minTTL)
+	}
+	return nil
 }
 
 // maxPX is the longest expiry -px takes: the longest time.Duration, in whole
@@ -237,12 +313,18 @@ func parsePX(s string) (time.Duration, error) {
 		case errors.Is(err2, strconv.ErrRange) || err2 == nil && ms > int64(maxPX/time.Millisecond):
 			return 0, fmt.Errorf("%s ms is out of range (at most %d ms, %v)", s, maxPX/time.Millisecond, maxPX)
 		case err2 != nil:
+			if _, perr := parseDuration(s); perr != nil {
+				return 0, perr
+			}
 			return 0, err // time.ParseDuration also refuses durations out of range
 		}
 		d = time.Duration(ms) * time.Millisecond
 	}
-	if d < time.Millisecond {
+	switch {
+	case d < time.Millisecond:
 		return 0, errors.New("must be at least 1ms")
+	case d%time.Millisecond != 0:
+		return 0, fmt.Errorf("%v is not a whole number of milliseconds, the store's unit for PX", d)
 	}
 	return d, nil
 }
@@ -292,6 +374,8 @@ Commands:
 	}
 	fmt.Fprintf(w, `  help    [COMMAND]
           show the help of COMMAND
+  version
+          print the version of sskv
 
 Exit status: 0 done; 1 error; 2 bad usage; 3 condition not met (get of a
 missing key, set not applied, del or vdel of a missing key, vdel of another
@@ -315,7 +399,7 @@ that client id, which disconnects any other client using it: give -client-id
 when running next to the application the environment belongs to.
 
 Examples:
-  go run ./cmd/statestore &         # a local store on 127.0.0.1:1883
+  statestore &                           # a local store on 127.0.0.1:1883
   sskv set greeting hello
   sskv get greeting
   sskv set lock me -nx -px 10s           # prints OK V: V is a fencing token
@@ -351,6 +435,15 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
+// isHelpFlag reports whether arg asks for help, as the flag package takes it.
+func isHelpFlag(arg string) bool {
+	switch arg {
+	case "-h", "-help", "--help", "--h":
+		return true
+	}
+	return false
+}
+
 // run runs the command line args (without the program name) and returns the
 // exit status.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
@@ -374,9 +467,13 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		usage(stderr, true)
 		return exitUsage
 	}
+	if args[0] == "version" {
+		fmt.Fprintln(stdout, versionLine("sskv"))
+		return exitOK
+	}
 	if args[0] == "help" {
 		switch {
-		case len(args) == 1:
+		case len(args) == 1 || len(args) == 2 && isHelpFlag(args[1]):
 			usage(stdout, false)
 		case len(args) == 2 && findCommand(args[1]) != nil:
 			findCommand(args[1]).usage(stdout)
@@ -455,19 +552,28 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	rctx, cancel := context.WithTimeout(ctx, cf.timeout)
 	defer cancel()
+	if o.force {
+		o.ft = forceToken(cmd.name, time.Now())
+	}
+	var code int
 	switch cmd.name {
 	case "get":
 		return get(rctx, c, pos[0], o.raw, stdout, stderr)
 	case "set":
-		return set(rctx, c, pos[0], value, &o, stdout, stderr)
+		code, err = set(rctx, c, pos[0], value, &o, stdout, stderr)
 	case "del":
-		res, err := c.Del(rctx, pos[0], sskv.DelOptions{FencingToken: o.ft})
-		return delOutcome(res, err, stdout, stderr)
+		var res sskv.DelResult
+		res, err = c.Del(rctx, pos[0], sskv.DelOptions{FencingToken: o.ft})
+		code = delOutcome(res, err, stdout, stderr)
 	case "vdel":
-		res, err := c.VDel(rctx, pos[0], value, sskv.DelOptions{FencingToken: o.ft})
-		return delOutcome(res, err, stdout, stderr)
+		var res sskv.DelResult
+		res, err = c.VDel(rctx, pos[0], value, sskv.DelOptions{FencingToken: o.ft})
+		code = delOutcome(res, err, stdout, stderr)
+	default:
+		return fail(stderr, fmt.Errorf("command %s not implemented", cmd.name))
 	}
-	return fail(stderr, fmt.Errorf("command %s not implemented", cmd.name))
+	fencingHint(stderr, cmd.name, pos[0], err)
+	return code
 }
 
 func checkArgs(cmd *command, o *cmdOpts, pos []string) error {
@@ -485,6 +591,8 @@ func checkArgs(cmd *command, o *cmdOpts, pos []string) error {
 		return usagef("too many arguments %q", pos[maxArgs:])
 	case o.nx && o.nex:
 		return usagef("-nx and -nex exclude each other")
+	case o.force && o.given["ft"]:
+		return usagef("-force and -ft exclude each other")
 	case cmd.check != nil:
 		return cmd.check(o, pos)
 	}
@@ -666,7 +774,7 @@ func get(ctx context.Context, c *sskv.Client, key string, raw bool, stdout, stde
 	return exitOK
 }
 
-func set(ctx context.Context, c *sskv.Client, key string, value []byte, o *cmdOpts, stdout, stderr io.Writer) int {
+func set(ctx context.Context, c *sskv.Client, key string, value []byte, o *cmdOpts, stdout, stderr io.Writer) (int, error) {
 	opts := sskv.SetOptions{Expiry: o.px, FencingToken: o.ft, Persist: o.persist}
 	switch {
 	case o.nx:
@@ -676,14 +784,14 @@ func set(ctx context.Context, c *sskv.Client, key string, value []byte, o *cmdOp
 	}
 	res, err := c.Set(ctx, key, value, opts)
 	if err != nil {
-		return fail(stderr, err)
+		return fail(stderr, err), err
 	}
 	if !res.Applied {
 		fmt.Fprintf(stdout, "NOT APPLIED%s\n", currentVersion(res.Version))
-		return exitNotMet
+		return exitNotMet, nil
 	}
 	fmt.Fprintf(stdout, "OK %s\n", res.Version)
-	return exitOK
+	return exitOK, nil
 }
 
 func delOutcome(res sskv.DelResult, err error, stdout, stderr io.Writer) int {

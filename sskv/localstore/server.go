@@ -29,7 +29,10 @@ var (
 )
 
 // Config configures a local state store. The zero value serves anonymous
-// clients on a free loopback port with no limits.
+// clients on a free loopback port, with no limit on keys, key size or value
+// size, and MQTT packets of at most DefaultMaxPacketSize (4 MiB). The
+// standalone store (cmd/statestore) has the same defaults, so a test passes
+// or fails alike on both.
 type Config struct {
 	// Addr is the plain TCP listen address. Empty means "127.0.0.1:0" (a free
 	// loopback port, see Server.Addr); "-" disables the plain listener.
