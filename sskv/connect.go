@@ -522,6 +522,10 @@ func (c *Client) ConnectionUp(connack *paho.Connack) {
 		return
 	}
 	sessionPresent := connack != nil && connack.SessionPresent
+	var maxOut uint32
+	if connack != nil && connack.Properties != nil && connack.Properties.MaximumPacketSize != nil {
+		maxOut = *connack.Properties.MaximumPacketSize
+	}
 	var seq uint64
 	if c.sess != nil {
 		seq = c.sess.seq.Load()
@@ -532,7 +536,9 @@ func (c *Client) ConnectionUp(connack *paho.Connack) {
 		// Cut off before: a reconnection, or a first connection that came
 		// after failed attempts (the broker was down, or unreachable).
 		outage := gen > 1 || c.lastErr.Load() != nil
-		return connState{gen: gen, conn: newConn(c, gen, seq, outage)}
+		cn := newConn(c, gen, seq, outage)
+		cn.maxOut = maxOut
+		return connState{gen: gen, conn: cn}
 	})
 	c.spawn(func() { c.setup(st.gen, sessionPresent) })
 }

@@ -126,6 +126,22 @@
 // Config.RequestTimeout). Packets from the broker larger than
 // Config.MaxPacketSize end the connection before they are read.
 //
+// # Sizes
+//
+// MQTT forbids a client to send a packet larger than the broker's Maximum
+// Packet Size (announced in its CONNACK; 4 MiB on the local store), and a
+// broker closes the connection of one that does. A request that would be
+// larger is not sent: it fails at once with a [*SizeError] wrapping
+// [ErrTooLarge], and the connection, the other requests and the watches are
+// left alone. A value can thus be a little smaller than the broker's limit
+// (the request's key, topic and properties take a few hundred bytes).
+//
+// Whatever else makes a broker close the connection over a request (a
+// packet it takes for malformed, say), the resumed session sends that
+// request on at most three connections: then it fails with
+// [ErrConnectionLost] and is not sent again, so the client never reconnects
+// in a loop.
+//
 // # Watches
 //
 // [Client.Watch] registers a key with the service (KEYNOTIFY) and delivers

@@ -72,6 +72,13 @@ var (
 	// ErrInvalidOption reports a request option that cannot be sent, found
 	// before anything is sent.
 	ErrInvalidOption = errors.New("sskv: invalid option")
+
+	// ErrTooLarge: the request's MQTT packet would be larger than the
+	// broker's Maximum Packet Size (announced in its CONNACK; 4 MiB on the
+	// local store by default). MQTT forbids a client to send it, and a
+	// broker closes the connection of a client that does: the request is
+	// not sent, and nothing else is disturbed. The error says the sizes.
+	ErrTooLarge = errors.New("sskv: request larger than the broker's maximum packet size")
 )
 
 // ServiceError is an error answered by the state store ("-ERR <message>").

@@ -434,8 +434,14 @@ func (c *Client) exchange(ctx context.Context, pin *Conn, p *pending, corr [16]b
 			}
 			return result{}, err
 		}
-		p.gen.Store(st.gen)
 		*expiry = expirySeconds(ctx)
+		if err := checkSize(pub, st.conn); err != nil {
+			if !c.unregister(corr) {
+				return <-p.ch, nil
+			}
+			return result{}, err
+		}
+		p.gen.Store(st.gen)
 		if pin != nil {
 			c.pmu.Lock()
 			c.bound[corr] = pin.seq

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -31,6 +33,13 @@ import (
 //     waits for: the packet id must still be acknowledged by the broker to
 //     be freed.
 //
+// A request that has gone out on maxSends connections, each of which ended
+// before the broker acknowledged it, is not sent as it is again: a broker
+// that closes the connection over a packet (one too large for it, or one it
+// takes for malformed) would otherwise get it on every reconnect, and the
+// client would never stay connected. It goes out disarmed, and its caller
+// gets ErrConnectionLost: it may have been executed.
+//
 // It also refuses (Put) to add a request bound to a connection to the
 // session once another connection has been set up, so that such a request
 // never goes out on a later connection even if it races with a reconnect.
@@ -38,10 +47,26 @@ type sessionStore struct {
 	c     *Client
 	inner *memory.Store
 	seq   atomic.Uint64 // connections set up by paho so far (List is called once for each)
+
+	mu    sync.Mutex
+	sends map[uint16]int // connections each stored PUBLISH went out on
 }
 
+// maxSends is how many connections a request may go out on, unacknowledged,
+// before the session stops sending it as it is.
+const maxSends = 3
+
 func newSessionStore(c *Client) *sessionStore {
-	return &sessionStore{c: c, inner: memory.New()}
+	return &sessionStore{c: c, inner: memory.New(), sends: make(map[uint16]int)}
+}
+
+// sent counts one more connection that packet id goes out on, and reports
+// whether it may still go out as it is.
+func (s *sessionStore) sent(id uint16) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sends[id]++
+	return s.sends[id] <= maxSends
 }
 
 // errBoundConnGone refuses a request bound to a connection that has been
@@ -53,6 +78,9 @@ func (s *sessionStore) Put(packetID uint16, packetType byte, w io.WriterTo) erro
 		if seq, bound := s.c.boundTo([16]byte(pub.Properties.CorrelationData)); bound && seq != s.seq.Load() {
 			return errBoundConnGone
 		}
+	}
+	if packetType == packets.PUBLISH {
+		s.sent(packetID) // its first connection
 	}
 	return s.inner.Put(packetID, packetType, w)
 }
@@ -73,10 +101,17 @@ func (s *sessionStore) Get(packetID uint16) (io.ReadCloser, error) {
 	}
 	var corr [16]byte
 	copy(corr[:], pub.Properties.CorrelationData)
-	if left, ok := s.c.resendable(corr); ok {
+	left, ok := s.c.resendable(corr)
+	switch {
+	case ok && !s.sent(packetID):
+		s.c.log.Warn("a request went out on several connections, each of which ended before the broker acknowledged it; not sending it again",
+			"connections", maxSends, "bytes", len(pub.Payload))
+		s.c.complete(corr, result{err: fmt.Errorf("%w: the connection ended %d times before the broker acknowledged the request", ErrConnectionLost, maxSends)})
+		disarm(pub)
+	case ok:
 		exp := expiryFor(left)
 		pub.Properties.MessageExpiry = &exp
-	} else {
+	default:
 		disarm(pub)
 	}
 	var buf bytes.Buffer
@@ -98,9 +133,19 @@ func disarm(pub *packets.Publish) {
 	pub.Properties.MessageExpiry = &one
 }
 
-func (s *sessionStore) Delete(id uint16) error     { return s.inner.Delete(id) }
+func (s *sessionStore) Delete(id uint16) error {
+	s.mu.Lock()
+	delete(s.sends, id)
+	s.mu.Unlock()
+	return s.inner.Delete(id)
+}
 func (s *sessionStore) Quarantine(id uint16) error { return s.inner.Quarantine(id) }
-func (s *sessionStore) Reset() error               { return s.inner.Reset() }
+func (s *sessionStore) Reset() error {
+	s.mu.Lock()
+	clear(s.sends)
+	s.mu.Unlock()
+	return s.inner.Reset()
+}
 
 // List is called by paho once for each connection it sets up, before it
 // resends the session's PUBLISHes and before anything new can be sent on
