@@ -21,7 +21,7 @@ import (
 
 // dialFast dials with a context of d and reports the error and how long
 // Dial took.
-func dialFast(t *testing.T, d time.Duration, cfg sskv.Config) (error, time.Duration) {
+func dialFast(t *testing.T, d time.Duration, cfg sskv.Config) (time.Duration, error) {
 	t.Helper()
 	if cfg.ClientID == "" {
 		cfg.ClientID = testID(t)
@@ -41,7 +41,7 @@ func dialFast(t *testing.T, d time.Duration, cfg sskv.Config) (error, time.Durat
 	if took > d+time.Second {
 		t.Errorf("Dial took %v with a %v context", took, d)
 	}
-	return err, took
+	return took, err
 }
 
 // TestOversizedConnack: a server whose CONNACK header declares 268 MB
@@ -62,7 +62,7 @@ func TestOversizedConnack(t *testing.T) {
 	})
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
-	err, took := dialFast(t, 5*time.Second, sskv.Config{Addr: b.Addr(), MaxPacketSize: 1 << 20})
+	took, err := dialFast(t, 5*time.Second, sskv.Config{Addr: b.Addr(), MaxPacketSize: 1 << 20})
 	runtime.ReadMemStats(&after)
 	if !errors.Is(err, sskv.ErrPacketTooLarge) {
 		t.Fatalf("Dial: %v, want ErrPacketTooLarge", err)
@@ -218,7 +218,7 @@ func TestDialFailsFast(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err, took := dialFast(t, 5*time.Second, tc.cfg)
+			took, err := dialFast(t, 5*time.Second, tc.cfg)
 			t.Logf("%v after %v", err, took)
 			if !tc.check(err) {
 				t.Errorf("Dial: %v", err)
@@ -247,12 +247,12 @@ func closedPort(t *testing.T) string {
 // TestDialErrorSaysWhy: when Dial's context ends first, its error carries
 // the last cause: the last failed attempt, or the attempt still waiting.
 func TestDialErrorSaysWhy(t *testing.T) {
-	err, _ := dialFast(t, 500*time.Millisecond, sskv.Config{Addr: closedPort(t)})
+	_, err := dialFast(t, 500*time.Millisecond, sskv.Config{Addr: closedPort(t)})
 	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "connection refused") {
 		t.Errorf("refused: %v", err)
 	}
 	silent := startFakeBroker(t, drain)
-	err, _ = dialFast(t, 500*time.Millisecond, sskv.Config{Addr: silent.Addr()})
+	_, err = dialFast(t, 500*time.Millisecond, sskv.Config{Addr: silent.Addr()})
 	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "no CONNACK") {
 		t.Errorf("silent server: %v", err)
 	}
