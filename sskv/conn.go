@@ -285,7 +285,7 @@ func (c *Client) attemptConnection(ctx context.Context, _ autopaho.ClientConfig,
 		tlsConn := tls.Client(raw, tc)
 		if err := tlsConn.HandshakeContext(ctx); err != nil {
 			_ = raw.Close()
-			return nil, err
+			return nil, c.tlsHandshakeError(ctx, u.Host, err)
 		}
 		nc = tlsConn
 	}

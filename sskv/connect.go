@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/url"
@@ -13,10 +14,12 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/eclipse/paho.golang/autopaho"
+	"github.com/eclipse/paho.golang/packets"
 	"github.com/eclipse/paho.golang/paho"
 	"github.com/eclipse/paho.golang/paho/session/state"
 	"github.com/eclipse/paho.golang/paho/store/memory"
@@ -137,8 +140,11 @@ func newClient(cfg Config) (*Client, error) {
 // certificate that is not trusted (the crypto/x509 error), an unreadable
 // PasswordFile or SATFile (the fs error), a server that does not answer in
 // MQTT v5 ([ErrNotMQTT]: e.g. an HTTP server, or a malformed CONNACK), an
-// oversized CONNACK ([ErrPacketTooLarge]), a TLS client meeting a plain
-// server (tls.RecordHeaderError), or a host name that does not exist
+// oversized CONNACK ([ErrPacketTooLarge]), a TLS mismatch ([ErrTLSMismatch]:
+// a client with Config.TLS at a server that answers in plain MQTT, or one
+// without it at a server that speaks TLS; either is found by a probe of at
+// most a second when the server closes the connection on the client's
+// first packet), or a host name that does not exist
 // (*net.DNSError with IsNotFound). A refused TCP connection is retried (the
 // broker may be starting), unless cfg.FailFast is set, which ends Dial on
 // any failed attempt. An invalid cfg is reported at once with an error
@@ -243,8 +249,15 @@ func (c *Client) connectError(err error) error {
 	}
 	var ce *autopaho.ConnackError
 	if !errors.As(err, &ce) {
-		if mc := c.conn.Load(); mc != nil && mc.connack.Load() && !errors.Is(err, ErrNotMQTT) && !errors.Is(err, ErrPacketTooLarge) {
+		mc := c.conn.Load()
+		if mc != nil && mc.connack.Load() && !errors.Is(err, ErrNotMQTT) && !errors.Is(err, ErrPacketTooLarge) {
 			return fmt.Errorf("%w: malformed CONNACK: %w", ErrNotMQTT, err)
+		}
+		// A server that closes the connection without a word on CONNECT may
+		// be a TLS port: while dialling, find out, so that Dial can say so
+		// at once instead of retrying until its deadline.
+		if mc != nil && !mc.connack.Load() && c.cfg.TLS == nil && closedEarly(err) && c.dialing.Load() != nil && speaksTLS(c.ctx, c.cfg.Addr) {
+			return fmt.Errorf("%w: the server at %s speaks TLS: set Config.TLS (sskv -tls), or connect to its plain MQTT port (%w)", ErrTLSMismatch, c.cfg.Addr, err)
 		}
 		return err
 	}
@@ -277,6 +290,72 @@ var connackReasons = map[byte]string{
 	0x9F: "connection rate exceeded",
 }
 
+// closedEarly reports whether err is a connection the server closed (or
+// reset) before answering.
+func closedEarly(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
+}
+
+// probeTimeout bounds a probe of what the server at the other end speaks.
+const probeTimeout = time.Second
+
+// speaksTLS reports whether the server at addr completes a TLS handshake
+// (certificates unchecked: only the protocol matters) or answers one with
+// a TLS alert.
+func speaksTLS(ctx context.Context, addr string) bool {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	var d net.Dialer
+	raw, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return false
+	}
+	defer raw.Close()
+	host, _, _ := net.SplitHostPort(addr)
+	tc := tls.Client(raw, &tls.Config{ServerName: host, InsecureSkipVerify: true}) // a probe of the protocol: nothing is sent over it
+	err = tc.HandshakeContext(ctx)
+	var alert tls.AlertError
+	return err == nil || errors.As(err, &alert)
+}
+
+// speaksPlainMQTT reports whether the server at addr answers a plain MQTT
+// CONNECT with a CONNACK.
+func speaksPlainMQTT(ctx context.Context, addr string) bool {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	var d net.Dialer
+	raw, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return false
+	}
+	defer raw.Close()
+	deadline, _ := ctx.Deadline()
+	_ = raw.SetDeadline(deadline)
+	cp := packets.NewControlPacket(packets.CONNECT)
+	connect := cp.Content.(*packets.Connect)
+	connect.ProtocolName, connect.ProtocolVersion, connect.CleanStart = "MQTT", 5, true
+	if _, err := cp.WriteTo(raw); err != nil {
+		return false
+	}
+	var first [1]byte
+	if _, err := io.ReadFull(raw, first[:]); err != nil {
+		return false
+	}
+	_, _ = packets.NewControlPacket(packets.DISCONNECT).WriteTo(raw)
+	return first[0] == packets.CONNACK<<4
+}
+
+// tlsHandshakeError rewords a failed TLS handshake with addr: a server that
+// answered in plain MQTT, or closed the connection on the handshake and
+// answers a plain CONNECT, is a TLS mismatch.
+func (c *Client) tlsHandshakeError(ctx context.Context, addr string, err error) error {
+	var rh tls.RecordHeaderError
+	if errors.As(err, &rh) || closedEarly(err) && c.dialing.Load() != nil && speaksPlainMQTT(ctx, addr) {
+		return fmt.Errorf("%w: the server at %s does not speak TLS: leave Config.TLS unset (no sskv -tls), or connect to its TLS port (%w)", ErrTLSMismatch, addr, err)
+	}
+	return err
+}
+
 // permanent reports whether a failed connection attempt will fail the same
 // way when retried: the broker refused the client's identity or credentials,
 // the server's certificate is not trusted, or a credentials file cannot be
@@ -289,8 +368,8 @@ func permanent(err error) bool {
 		return true
 	}
 	var rh tls.RecordHeaderError
-	if errors.As(err, &rh) {
-		return true // TLS to a server that does not speak it
+	if errors.As(err, &rh) || errors.Is(err, ErrTLSMismatch) {
+		return true // TLS to a server that does not speak it, or the reverse
 	}
 	var dnsErr *net.DNSError
 	if errors.As(err, &dnsErr) && dnsErr.IsNotFound {

@@ -79,6 +79,12 @@ var (
 	// broker closes the connection of a client that does: the request is
 	// not sent, and nothing else is disturbed. The error says the sizes.
 	ErrTooLarge = errors.New("sskv: request larger than the broker's maximum packet size")
+
+	// ErrTLSMismatch: the client and the server disagree about TLS. A
+	// client with Config.TLS met a server that answered in plain MQTT (or
+	// not in TLS at all), or a client without it met a server that speaks
+	// TLS. Dial fails at once with it: retrying cannot help.
+	ErrTLSMismatch = errors.New("sskv: TLS mismatch")
 )
 
 // ServiceError is an error answered by the state store ("-ERR <message>").
