@@ -30,8 +30,9 @@
 // -ERR; a client naming a forbidden response topic (the invoke topic, or one
 // under clients/statestore/v1/<service id>) is disconnected. Everything else
 // is an ordinary MQTT broker: clients publish and subscribe to each other as
-// usual. Only the store publishes notification topics, and a client may read
-// only its own.
+// usual, except under clients/, where only the store publishes notification
+// topics, a client reads only its own, and users keep to their own client
+// namespaces (see Tenants).
 //
 // A request is executed only within its Message Expiry Interval, as MQTT
 // lets a broker deliver a message only until it expires [MQTT-3.3.2-5]: one
@@ -112,8 +113,9 @@
 // The broker's log never carries payloads: packets in its records are
 // replaced by their type and sizes.
 //
-// Limits, authentication (username/password, Kubernetes SAT tokens), a TLS
-// listener and a per-user key-prefix ACL are set in Config.
+// Limits, authentication (username/password, Kubernetes SAT tokens, client
+// certificates), a TLS listener and a per-user key-prefix ACL are set in
+// Config.
 //
 // A Server for a test starts on a free loopback port, in the spirit of
 // net/http/httptest:
@@ -122,6 +124,89 @@
 //	if err != nil { ... }
 //	defer srv.Close()
 //	addr := srv.Addr() // "127.0.0.1:NNNNN"
+//
+// # Tenants
+//
+// Users are isolated from each other, as authorization policies isolate
+// them on a deployed broker: one user can neither see another's values nor
+// make another's locks or elections misbehave. A client's user is the name
+// the store verified, never the one CONNECT merely carries:
+//
+//   - with Config.Users, the user whose password the client gave;
+//   - with Config.SATTokens, the user its token maps to;
+//   - with neither, the Subject CommonName of a client certificate that the
+//     TLS listener verified (Config.TLS with ClientAuth
+//     VerifyClientCertIfGiven or RequireAndVerifyClientCert; a verified
+//     certificate without a CommonName is refused);
+//   - otherwise "", the anonymous user, whatever CONNECT says.
+//
+// Start refuses KeyPrefixes that name users when none of these can verify
+// one. Anonymous clients are one user, so a store without authentication is
+// a single tenant.
+//
+// Keys are isolated by KeyPrefixes. Topics under clients/ are isolated by
+// these rules, which apply with or without authentication:
+//
+//   - clients/statestore/... is the store's: nobody else publishes there,
+//     and a client reads only its own notification topics,
+//     clients/statestore/v1/<service id>/<HEX(client id)>/...
+//   - clients/<client id>/... and clients/<HEX(client id)>/... (upper-case
+//     hex) are the client id's namespace: response topics go there (sskv's,
+//     the .NET and Rust SDKs' use the id, which counts only when it is one
+//     topic level other than "statestore"; the Go SDK's use the hex). A
+//     namespace belongs to the user of the id's connections. A client
+//     publishes, and subscribes, only in namespaces of its own user: a
+//     PUBLISH elsewhere under clients/ is refused (PUBACK 0x87, not
+//     authorized), and so is a request whose response topic is (it is not
+//     executed; one naming the store's topics disconnects the client, as
+//     above).
+//   - A retained message under clients/ is refused (PUBACK 0x87), and so is
+//     a CONNECT whose Will is under clients/, unless it is on the client's
+//     own namespace and neither retained nor delayed (CONNACK 0x87).
+//   - A subscription that can match only topics the client may not read is
+//     refused (SUBACK 0x87). One that can match others too (#, +/...,
+//     clients/#, clients/+/...) is granted and narrowed: the broker checks
+//     every message, retained ones included, against its recipient, and
+//     the client never gets the others.
+//   - A shared subscription is granted only if the client may read
+//     everything it can match: the broker picks one member of a group per
+//     message before it checks what that member may read, so a member that
+//     may not would swallow it. The group through which the store delivers
+//     notifications, $share/dsslock-localstore-watch, is refused to all.
+//
+// A client id belongs to the user of its connection while it is connected:
+// another user's CONNECT with it is refused (CONNACK 0x87), and the
+// connected client does not notice. Once the id is not connected, any user
+// may connect with it (so that a client whose rotated credentials map to
+// another user keeps its client id and session): its namespaces become
+// that user's, and the session the broker kept passes on without the
+// messages waiting in it and without the subscriptions the new user may
+// not make. Client ids whose namespaces overlap (the id "41" is the hex of
+// the id "A") count as one.
+//
+// Without authentication, these rules change nothing clients of one user do
+// with each other: a client answers another's request on its response
+// topic (the SDKs' RPC) or follows its responses as on any broker. Only
+// retained messages under clients/, Wills there off the client's own
+// namespace, the namespaces of client ids that never connected, other
+// clients' notifications and the store's own topics are refused, and
+// nothing in dsslock or the official SDKs relies on those.
+//
+// Not isolated between users:
+//
+//   - Topics outside clients/: they are an ordinary broker's, shared by
+//     all, retained messages and shared subscriptions included.
+//   - Resources: the keys, connections and messages a user may use are not
+//     limited per user (MaxKeys is one limit for all), so one user can
+//     exhaust them for everyone.
+//   - The store's hybrid logical clock, which any request's __ts within
+//     MaxDrift ahead moves forward for everyone, as on the service.
+//   - A client id while it is not connected: another user can take it and
+//     keep its owner out for as long as it stays connected (though it gets
+//     nothing of the owner's).
+//   - Within one user, clients share their namespaces: each reads and
+//     publishes in the others' (not their notifications), as they share
+//     their keys.
 //
 // # Fault injection
 //

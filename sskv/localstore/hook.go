@@ -1,8 +1,7 @@
 package localstore
 
 import (
-	"crypto/subtle"
-	"strings"
+	"errors"
 	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
@@ -37,28 +36,19 @@ func (h *hook) Provides(b byte) bool {
 
 // OnConnectAuthenticate accepts everyone when no credentials are configured;
 // otherwise a username/password from Config.Users or a K8S-SAT token from
-// Config.SATTokens.
+// Config.SATTokens. It then admits the client (see Server.admit). The
+// client's user name is from then on the verified one (see authenticate),
+// never what CONNECT said.
 func (h *hook) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) bool {
-	cfg := &h.s.cfg
-	if method := pk.Properties.AuthenticationMethod; method != "" {
-		if method != satMethod || cfg.SATTokens == nil {
-			h.s.log.Warn("refused connection: unsupported authentication method", "client", cl.ID, "method", method)
-			return false
-		}
-		user, ok := cfg.SATTokens[string(pk.Properties.AuthenticationData)]
-		if !ok {
-			h.s.log.Warn("refused connection: unknown service account token", "client", cl.ID)
-			return false
-		}
-		cl.Properties.Username = []byte(user)
-		return true
+	user, ok := h.s.authenticate(cl, pk)
+	if !ok {
+		return false
 	}
-	if cfg.Users == nil && cfg.SATTokens == nil {
-		return true
-	}
-	want, ok := cfg.Users[string(pk.Connect.Username)]
-	if !ok || subtle.ConstantTimeCompare([]byte(want), pk.Connect.Password) != 1 {
-		h.s.log.Warn("refused connection: bad username or password", "client", cl.ID)
+	cl.Properties.Username = []byte(user)
+	if why := h.s.admit(cl); why != "" {
+		if dc, ok := cl.Net.Conn.(*deadlineConn); ok {
+			dc.refusal = why // its CONNACK says 0x87, not authorized (see OnPacketEncode)
+		}
 		return false
 	}
 	return true
@@ -77,6 +67,9 @@ func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet,
 }
 
 // OnPacketEncode fixes what the broker sends:
+//   - A CONNACK refusing a client that authenticated but was not admitted
+//     (see Server.admit) says 0x87, not authorized, and why, where the broker
+//     would say bad user name or password.
 //   - A PUBACK carries the packet id the client gave its PUBLISH, not the one
 //     the store handled it under (see OnPacketRead).
 //   - A client that sets Request Problem Information to 0 (paho's default)
@@ -97,6 +90,13 @@ func (h *hook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet
 			pk.PacketID = dc.clientPacketID(pk.PacketID)
 		}
 	}
+	if pk.FixedHeader.Type == packets.Connack && pk.ReasonCode != packets.CodeSuccess.Code &&
+		cl.Properties.ProtocolVersion == 5 { // MQTT 3 has one code for both: 5, not authorized
+		if dc, ok := cl.Net.Conn.(*deadlineConn); ok && dc.refusal != "" {
+			pk.ReasonCode = packets.ErrNotAuthorized.Code
+			pk.Properties.ReasonString = dc.refusal
+		}
+	}
 	if pk.FixedHeader.Type == packets.Connack && pk.ReasonCode == packets.CodeSuccess.Code &&
 		cl.Properties.Props.AuthenticationMethod != "" {
 		pk.Properties.AuthenticationMethod = cl.Properties.Props.AuthenticationMethod
@@ -107,16 +107,16 @@ func (h *hook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet
 	return pk
 }
 
-// OnACLCheck keeps the state store's topics its own: nobody but the store
-// publishes notifications, and a client reads only its own.
+// OnACLCheck applies the topic rules (see acl.go) to what a client
+// publishes (write) and to what it subscribes to and receives.
 func (h *hook) OnACLCheck(cl *mqtt.Client, topic string, write bool) bool {
-	if !strings.HasPrefix(topic, wire.NotifyPrefix) {
+	switch {
+	case cl.Net.Inline:
 		return true
+	case write:
+		return h.s.mayPublish(cl, topic)
 	}
-	if write {
-		return false
-	}
-	return isOwnNotifyTopic(cl, topic)
+	return h.s.mayRead(cl, topic)
 }
 
 // OnSessionEstablish runs when a connection has authenticated, before the
@@ -180,14 +180,24 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 	}
 }
 
-// OnPublish executes state store requests. They are acknowledged like any
-// QoS 1 PUBLISH but not routed to subscribers of the invoke topic.
+// OnPublish refuses retained messages under clients/ (see acl.go) and
+// executes state store requests. Requests are acknowledged like any QoS 1
+// PUBLISH but not routed to subscribers of the invoke topic.
 func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
-	if cl.Net.Inline || pk.TopicName != wire.InvokeTopic {
+	if cl.Net.Inline {
+		return pk, nil
+	}
+	if pk.FixedHeader.Retain && !mayRetain(pk.TopicName) {
+		h.s.log.Warn("refused retained message under clients/", "client", cl.ID, "topic", pk.TopicName)
+		return pk, h.s.refusePublish(cl, pk, packets.ErrNotAuthorized, msgNoRetained)
+	}
+	if pk.TopicName != wire.InvokeTopic {
 		return pk, nil
 	}
 	if err := h.s.handleRequest(cl, pk); err != nil {
-		return pk, err // the broker answers with a PUBACK carrying this reason
+		code := packets.ErrUnspecifiedError
+		errors.As(err, &code)
+		return pk, h.s.refusePublish(cl, pk, code, "") // not executed; the PUBACK says why
 	}
 	return pk, packets.CodeSuccessIgnore
 }

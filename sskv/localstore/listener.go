@@ -230,6 +230,8 @@ type deadlineConn struct {
 	inbound atomic.Uint32               // the QoS 1 PUBLISH from the client being handled (see setInbound)
 	readAt  time.Time                   // when the PUBLISH being handled was read; only the connection's read goroutine uses it
 	client  atomic.Pointer[mqtt.Client] // the broker's client, once its session is set up
+	refusal string                      // why the store refuses the client's CONNECT (see hook.OnConnectAuthenticate); only the connection's goroutine uses it
+	claimed string                      // the client id the connection claimed (see Server.admit), released when it ends; only the connection's goroutine uses it
 }
 
 func newDeadlineConn(conn net.Conn, s *Server) *deadlineConn {
@@ -405,6 +407,9 @@ func (s *Server) disconnectAll(listenerID string) {
 
 // connectionDone runs after the broker has finished with a connection.
 func (s *Server) connectionDone(conn net.Conn) {
+	if dc, ok := conn.(*deadlineConn); ok && dc.claimed != "" {
+		s.tenants.release(dc.claimed)
+	}
 	s.connMu.Lock()
 	defer s.connMu.Unlock()
 	rec, ok := s.recs[conn]

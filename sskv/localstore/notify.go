@@ -1,7 +1,6 @@
 package localstore
 
 import (
-	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/dsslock/dsslock/sskv/internal/resp"
@@ -14,9 +13,13 @@ import (
 // merges it with any subscription the client made itself to the same topic,
 // so the client gets each notification exactly once whether or not it
 // subscribed (the official Go SDK never does), and a client's own
-// SUBSCRIBE/UNSUBSCRIBE never touches it. The read ACL (see hook) keeps a
-// client's notifications away from every other client.
-const watchGroup = "$share/dsslock-localstore-watch/"
+// SUBSCRIBE/UNSUBSCRIBE never touches it. The read ACL (see acl.go) keeps a
+// client's notifications away from every other client, and every client out
+// of the group.
+const (
+	watchGroupName = "dsslock-localstore-watch"
+	watchGroup     = "$share/" + watchGroupName + "/"
+)
 
 func watchFilter(clientID string, key []byte) string {
 	return watchGroup + wire.NotifyTopic(clientID, key)
@@ -97,31 +100,4 @@ func (s *Server) publishNotify(clientID, key string, payload []byte, ts string) 
 // notifyProps returns the properties of a notification stamped ts.
 func notifyProps(ts string) packets.Properties {
 	return packets.Properties{User: []packets.UserProperty{{Key: wire.PropTimestamp, Val: ts}}}
-}
-
-// isOwnNotifyTopic reports whether topic (or filter) under the notification
-// prefix may be read by cl: only its own notifications, or a filter whose
-// client part is a wildcard (deliveries are then checked topic by topic).
-func isOwnNotifyTopic(cl *mqtt.Client, topic string) bool {
-	rest := topic[len(wire.NotifyPrefix):]
-	if rest == "" || rest == "/#" || rest == "/+" {
-		return true
-	}
-	if rest[0] != '/' {
-		return true // another prefix that merely shares the characters
-	}
-	rest = rest[1:]
-	part := rest
-	for i := 0; i < len(rest); i++ {
-		if rest[i] == '/' {
-			part = rest[:i]
-			break
-		}
-	}
-	if part == "+" || part == "#" {
-		return true
-	}
-	own := wire.NotifyTopic(cl.ID, nil)
-	own = own[len(wire.NotifyPrefix)+1 : len(own)-len("/command/notify/")]
-	return part == own
 }

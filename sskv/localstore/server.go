@@ -142,6 +142,8 @@ type Server struct {
 
 	requests sync.Map // client id -> *atomic.Int64: requests received (see Requests)
 
+	tenants tenants // the user each client namespace belongs to (see identity.go)
+
 	faultMu sync.Mutex
 	faults  map[string]*clientFaults // by client id (see SetResponseFault)
 
@@ -170,6 +172,9 @@ func Start(cfg Config) (*Server, error) {
 	if cfg.MaxKeys < 0 || cfg.MaxKeySize < 0 || cfg.MaxValueSize < 0 || cfg.MaxPacketSize < 0 ||
 		cfg.MaxPendingMessages < 0 || cfg.WriteTimeout < 0 {
 		return nil, errors.New("localstore: negative limit in Config")
+	}
+	if err := checkIdentityConfig(&cfg); err != nil {
+		return nil, err
 	}
 	if cfg.MaxPacketSize == 0 {
 		cfg.MaxPacketSize = DefaultMaxPacketSize
@@ -458,6 +463,12 @@ func (s *Server) handleRequest(cl *mqtt.Client, pk packets.Packet) error {
 	if !mqtt.IsValidFilter(respTopic, true) {
 		s.log.Warn("refused state store request: response topic is not a valid topic name", "client", cl.ID, "topic", respTopic)
 		return packets.ErrTopicNameInvalid
+	}
+	// The response goes only where the client could publish it itself: never
+	// into another user's namespace (see acl.go).
+	if !s.mayPublish(cl, respTopic) {
+		s.log.Warn("refused state store request: "+msgRespTopicACL, "client", cl.ID, "user", userOf(cl), "topic", respTopic)
+		return packets.ErrNotAuthorized
 	}
 	// The response would be one more unacknowledged message: beyond the
 	// limit, the broker would drop it after the request was executed.
