@@ -136,6 +136,9 @@ type Config struct {
 	// Logger receives the client's logs. Default: discarded.
 	Logger *slog.Logger
 
+	// Metrics are hooks for the client's metrics (see [Metrics]).
+	Metrics Metrics
+
 	// WallClock is the wall clock read by the client's hybrid logical clock,
 	// which stamps every request (__ts). Default: time.Now. It is for tests
 	// that simulate a host whose clock is skewed, e.g.

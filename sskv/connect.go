@@ -197,6 +197,9 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 				(*stop)(err)
 			}
 			c.log.Debug("connection attempt failed", "error", err)
+			if f := c.cfg.Metrics.ConnectFailed; f != nil {
+				f(err)
+			}
 		},
 		ClientConfig: paho.ClientConfig{
 			ClientID:          cfg.ClientID,
@@ -619,6 +622,9 @@ func (c *Client) ConnectionUp(connack *paho.Connack) {
 		cn.maxOut = maxOut
 		return connState{gen: gen, conn: cn}
 	})
+	if f := c.cfg.Metrics.ConnectionUp; f != nil {
+		f(st.gen)
+	}
 	c.spawn(func() { c.setup(st.gen, sessionPresent) })
 }
 
@@ -633,6 +639,13 @@ func (c *Client) ConnectionDown() {
 	})
 	if !c.closed.Load() {
 		c.log.Info("connection lost; reconnecting", "connection", st.gen)
+	}
+	if f := c.cfg.Metrics.ConnectionDown; f != nil {
+		var cause error
+		if b := c.downErr.Load(); b != nil {
+			cause = b.err
+		}
+		f(st.gen, cause)
 	}
 	c.wmu.Lock()
 	for _, reg := range c.regs {

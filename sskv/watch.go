@@ -337,6 +337,9 @@ func (c *Client) syncReg(ctx context.Context, reg *registration, cn *Conn) error
 		for _, w := range reg.watchers {
 			w.markResync()
 		}
+		if f := c.cfg.Metrics.WatchResync; f != nil {
+			f(reg.key)
+		}
 	}
 	return nil
 }
