@@ -45,7 +45,7 @@ SIGINT or SIGTERM:
 seen one by one (during a reconnect). PROPOSAL is quoted, Go-style, when it
 is not printable UTF-8 or holds a space.`,
 	flags: func(fs *flag.FlagSet, o *cmdOpts) {
-		durationFlag(fs, &o.ttl, "ttl", lock.DefaultTTL, "the lease (whole milliseconds): a leader that stops renewing is replaced this long after its last renewal")
+		durationFlag(fs, &o.ttl, "ttl", lock.DefaultTTL, "the lease `DURATION` (whole milliseconds): a leader that stops renewing is replaced this long after its last renewal")
 		fs.BoolVar(&o.listen, "l", false, "observe: print the leader now and at each change (NAME only)")
 	},
 	minArgs: 1, maxArgs: 2,

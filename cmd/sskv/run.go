@@ -79,7 +79,7 @@ func newConnFlags(cf *connFlags) *flag.FlagSet {
 	fs.StringVar(&cf.passwordFile, "password-file", "", "`file` holding the MQTT password")
 	fs.StringVar(&cf.satFile, "sat-file", "", "Kubernetes service account token `file` (K8S-SAT authentication)")
 	fs.StringVar(&cf.clientID, "client-id", "", "MQTT client `id` (default: random)")
-	durationFlag(fs, &cf.timeout, "timeout", sskv.DefaultRequestTimeout, "bound of the connection and of each request")
+	durationFlag(fs, &cf.timeout, "timeout", sskv.DefaultRequestTimeout, "`DURATION` bound of the connection and of each request")
 	fs.BoolVar(&cf.verbose, "v", false, "log the client's connection events to stderr")
 	return fs
 }
@@ -242,7 +242,7 @@ COMMAND gets SIGTERM, then SIGKILL if it has not exited when the store
 could expire the lock (a third of the TTL later), and sskv exits with
 status 4, the reason on stderr. Give -- before COMMAND when it has flags.`,
 		flags: func(fs *flag.FlagSet, o *cmdOpts) {
-			durationFlag(fs, &o.ttl, "ttl", lock.DefaultTTL, "the lease: how long the lock outlives its holder's last renewal")
+			durationFlag(fs, &o.ttl, "ttl", lock.DefaultTTL, "the lease `DURATION`: how long the lock outlives its holder's last renewal")
 		},
 		minArgs: 2, maxArgs: -1,
 		check: func(o *cmdOpts, _ []string) error { return checkTTL(o.ttl) },
