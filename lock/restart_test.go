@@ -365,6 +365,25 @@ func TestStaleUndoSparesSameHolderID(t *testing.T) {
 // watch saw the deletion), its SetValue fails, and the new holder's fenced
 // second SET overwrites the interloper: the new holder keeps the lock.
 func TestLateSetValueDuringAcquisition(t *testing.T) {
+	// The late write lands in the window it is aimed at most of the time,
+	// but not always (the held request is only released once the new
+	// holder's first SET is applied, and the network decides the rest):
+	// try a few times. The new holder must keep its lock every time.
+	want := []string{"deleted", "b taking", "a late", "b fenced"}
+	var order []string
+	for attempt := range 5 {
+		order = lateSetValueDuringAcquisition(t)
+		if slices.Equal(order, want) {
+			return
+		}
+		t.Logf("attempt %d: the key went through %v; trying again for %v", attempt+1, order, want)
+	}
+	t.Fatalf("the key went through %v; want %v", order, want)
+}
+
+// lateSetValueDuringAcquisition runs the scenario once and returns the
+// states the key went through, as an observer saw them.
+func lateSetValueDuringAcquisition(t *testing.T) []string {
 	srv := startStore(t)
 	ca, cb, admin := dial(t, srv.Addr()), dial(t, srv.Addr()), dial(t, srv.Addr())
 	hook, waitRenewals := renewals(t)
@@ -388,12 +407,17 @@ func TestLateSetValueDuringAcquisition(t *testing.T) {
 	// b's two SETs are answered 300 ms late each: its acquisition still
 	// completes within its renew deadline (1 s).
 	srv.SetResponseFault(cb.ID(), localstore.ResponseFault{Delay: 300 * time.Millisecond})
-	sent := srv.Requests(cb.ID())
 	if _, err := admin.Del(testCtx(t), "l", sskv.DelOptions{FencingToken: a.Token()}); err != nil {
 		t.Fatal(err)
 	}
 	waitDone(t, a)
-	waitFor(t, "b's first SET to be applied", func() bool { return srv.Requests(cb.ID()) > sent })
+	// b's first SET is applied (its answer is on its way, late): the key
+	// holds b's record. (Counting b's requests was not enough: the first
+	// one after the deletion is not always the SET.)
+	waitFor(t, "b's first SET to be applied", func() bool {
+		g, err := admin.Get(testCtx(t), "l")
+		return err == nil && g.Found && lock.ParseHolder(g.Value, g.Version).ID == b.HolderID()
+	})
 	srv.Release(ca.ID())
 	if err := <-setValue; err == nil {
 		t.Fatal("SetValue of a lost holding succeeded")
@@ -412,7 +436,12 @@ func TestLateSetValueDuringAcquisition(t *testing.T) {
 	// The interleaving happened: b's first record, a's late one, b's fenced one.
 	var order []string
 	for len(order) < 4 {
-		ev := <-w.Events()
+		var ev sskv.Event
+		select {
+		case ev = <-w.Events():
+		case <-time.After(waitTimeout):
+			t.Fatalf("the key went through %v, then nothing", order)
+		}
 		switch h := lock.ParseHolder(ev.Value, ev.Version); {
 		case ev.Op == sskv.OpDelete:
 			order = append(order, "deleted")
@@ -424,9 +453,7 @@ func TestLateSetValueDuringAcquisition(t *testing.T) {
 			order = append(order, "b fenced")
 		}
 	}
-	if want := []string{"deleted", "b taking", "a late", "b fenced"}; !slices.Equal(order[:4], want) {
-		t.Fatalf("the key went through %v; want %v", order, want)
-	}
+	return order
 }
 
 // A waiter that retries Lock with short contexts (or TryLock, or a new

@@ -68,6 +68,7 @@ type Client struct {
 	stChanged chan struct{}
 	lastErr   atomic.Pointer[errBox]                  // last failed connection attempt, for Dial's error
 	downErr   atomic.Pointer[errBox]                  // why the last connection ended
+	badEnd    atomic.Bool                             // the broker ended the last connection blaming a packet (see sessionStore)
 	conn      atomic.Pointer[mqttConn]                // the socket of the current connection attempt or connection
 	pinger    *pinger                                 // nil for NewFromConnection
 	dialing   atomic.Pointer[context.CancelCauseFunc] // set while Dial waits: ends it on a permanent error
@@ -213,6 +214,7 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 				c.log.Debug("connection error", "error", err)
 			},
 			OnServerDisconnect: func(d *paho.Disconnect) {
+				c.badEnd.Store(badPacketReason(d.ReasonCode))
 				err := fmt.Errorf("disconnected by the broker: reason 0x%02x", d.ReasonCode)
 				if d.Properties != nil && d.Properties.ReasonString != "" {
 					err = fmt.Errorf("%w: %s", err, d.Properties.ReasonString)
@@ -291,6 +293,16 @@ var connackReasons = map[byte]string{
 	0x87: "not authorized", 0x88: "server unavailable", 0x89: "server busy",
 	0x8A: "banned", 0x8C: "bad authentication method", 0x97: "quota exceeded",
 	0x9F: "connection rate exceeded",
+}
+
+// badPacketReason reports whether a DISCONNECT's reason code blames a packet
+// the client sent.
+func badPacketReason(code byte) bool {
+	switch code {
+	case 0x81, 0x82, 0x90, 0x95, 0x99, 0x9A, 0x9B: // malformed, protocol error, topic name invalid, packet too large, payload format invalid, retain or QoS not supported
+		return true
+	}
+	return false
 }
 
 // closedEarly reports whether err is a connection the server closed (or
@@ -622,6 +634,7 @@ func (c *Client) ConnectionUp(connack *paho.Connack) {
 		cn.maxOut = maxOut
 		return connState{gen: gen, conn: cn}
 	})
+	c.badEnd.Store(false) // the session's resends are done
 	if f := c.cfg.Metrics.ConnectionUp; f != nil {
 		f(st.gen)
 	}

@@ -137,10 +137,12 @@
 // (the request's key, topic and properties take a few hundred bytes).
 //
 // Whatever else makes a broker close the connection over a request (a
-// packet it takes for malformed, say), the resumed session sends that
-// request on at most three connections: then it fails with
-// [ErrConnectionLost] and is not sent again, so the client never reconnects
-// in a loop.
+// DISCONNECT blaming a malformed or oversized packet, say), the resumed
+// session stops sending the requests it has not had acknowledged after
+// three such connections: they fail with [ErrConnectionLost] and are not
+// sent again, so the client never reconnects in a loop. Connections lost
+// otherwise do not count: a request whose caller still waits is sent again
+// after any number of network cuts.
 //
 // # Watches
 //

@@ -33,12 +33,14 @@ import (
 //     waits for: the packet id must still be acknowledged by the broker to
 //     be freed.
 //
-// A request that has gone out on maxSends connections, each of which ended
-// before the broker acknowledged it, is not sent as it is again: a broker
-// that closes the connection over a packet (one too large for it, or one it
-// takes for malformed) would otherwise get it on every reconnect, and the
-// client would never stay connected. It goes out disarmed, and its caller
-// gets ErrConnectionLost: it may have been executed.
+// A request still unacknowledged after maxSends connections that the
+// broker ended with a DISCONNECT blaming a packet (malformed, too large,
+// ...: see badPacketReason) is not sent as it is again: a broker that
+// closes the connection over a packet would otherwise get it on every
+// reconnect, and the client would never stay connected. It goes out
+// disarmed, and its caller gets ErrConnectionLost: it may have been
+// executed. Connections lost otherwise (a network cut) do not count: a
+// request whose caller still waits is resent across any number of them.
 //
 // It also refuses (Put) to add a request bound to a connection to the
 // session once another connection has been set up, so that such a request
@@ -49,24 +51,27 @@ type sessionStore struct {
 	seq   atomic.Uint64 // connections set up by paho so far (List is called once for each)
 
 	mu    sync.Mutex
-	sends map[uint16]int // connections each stored PUBLISH went out on
+	sends map[uint16]int // connections ended over a bad packet while each stored PUBLISH was unacknowledged
 }
 
-// maxSends is how many connections a request may go out on, unacknowledged,
-// before the session stops sending it as it is.
+// maxSends is how many connections may end over a bad packet while a
+// request is unacknowledged before the session stops sending it as it is.
 const maxSends = 3
 
 func newSessionStore(c *Client) *sessionStore {
 	return &sessionStore{c: c, inner: memory.New(), sends: make(map[uint16]int)}
 }
 
-// sent counts one more connection that packet id goes out on, and reports
-// whether it may still go out as it is.
-func (s *sessionStore) sent(id uint16) bool {
+// resend reports whether packet id may go out again as it is, counting the
+// connection that ended, if the broker blamed a bad packet for its end.
+func (s *sessionStore) resend(id uint16) bool {
+	if !s.c.badEnd.Load() {
+		return true
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.sends[id]++
-	return s.sends[id] <= maxSends
+	return s.sends[id] < maxSends
 }
 
 // errBoundConnGone refuses a request bound to a connection that has been
@@ -78,9 +83,6 @@ func (s *sessionStore) Put(packetID uint16, packetType byte, w io.WriterTo) erro
 		if seq, bound := s.c.boundTo([16]byte(pub.Properties.CorrelationData)); bound && seq != s.seq.Load() {
 			return errBoundConnGone
 		}
-	}
-	if packetType == packets.PUBLISH {
-		s.sent(packetID) // its first connection
 	}
 	return s.inner.Put(packetID, packetType, w)
 }
@@ -103,10 +105,10 @@ func (s *sessionStore) Get(packetID uint16) (io.ReadCloser, error) {
 	copy(corr[:], pub.Properties.CorrelationData)
 	left, ok := s.c.resendable(corr)
 	switch {
-	case ok && !s.sent(packetID):
-		s.c.log.Warn("a request went out on several connections, each of which ended before the broker acknowledged it; not sending it again",
+	case ok && !s.resend(packetID):
+		s.c.log.Warn("the broker ended the connection over a bad packet each time this request was unacknowledged; not sending it again",
 			"connections", maxSends, "bytes", len(pub.Payload))
-		s.c.complete(corr, result{err: fmt.Errorf("%w: the connection ended %d times before the broker acknowledged the request", ErrConnectionLost, maxSends)})
+		s.c.complete(corr, result{err: fmt.Errorf("%w: the broker ended the connection %d times, blaming a packet, before it acknowledged the request", ErrConnectionLost, maxSends)})
 		disarm(pub)
 	case ok:
 		exp := expiryFor(left)

@@ -98,10 +98,10 @@ func TestTooLargeBoundary(t *testing.T) {
 	}
 }
 
-// A broker that closes the connection whenever it gets a certain request
-// (as one does over a packet it refuses) does not keep the client
-// reconnecting forever: the resumed session sends the request on at most
-// three connections, then fails it and sends it no more.
+// A broker that ends the connection, blaming the packet, whenever it gets a
+// certain request does not keep the client reconnecting forever: the
+// resumed session sends the request on at most three connections, then
+// fails it and sends it no more.
 func TestSessionGivesUpOnARefusedRequest(t *testing.T) {
 	var (
 		mu       sync.Mutex
@@ -137,6 +137,9 @@ func TestSessionGivesUpOnARefusedRequest(t *testing.T) {
 					mu.Lock()
 					refusals++
 					mu.Unlock()
+					d := packets.NewControlPacket(packets.DISCONNECT)
+					d.Content.(*packets.Disconnect).ReasonCode = packets.DisconnectMalformedPacket
+					_, _ = d.WriteTo(c)
 					return // closes the connection
 				}
 				pa := packets.NewControlPacket(packets.PUBACK)
