@@ -314,28 +314,9 @@ func closedEarly(err error) bool {
 // probeTimeout bounds a probe of what the server at the other end speaks.
 const probeTimeout = time.Second
 
-// speaksTLS reports whether the server at addr completes a TLS handshake
-// (certificates unchecked: only the protocol matters) or answers one with
-// a TLS alert.
-func speaksTLS(ctx context.Context, addr string) bool {
-	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
-	defer cancel()
-	var d net.Dialer
-	raw, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return false
-	}
-	defer raw.Close()
-	host, _, _ := net.SplitHostPort(addr)
-	tc := tls.Client(raw, &tls.Config{ServerName: host, InsecureSkipVerify: true}) // a probe of the protocol: nothing is sent over it
-	err = tc.HandshakeContext(ctx)
-	var alert tls.AlertError
-	return err == nil || errors.As(err, &alert)
-}
-
-// speaksPlainMQTT reports whether the server at addr answers a plain MQTT
-// CONNECT with a CONNACK.
-func speaksPlainMQTT(ctx context.Context, addr string) bool {
+// probe dials addr and reports what speaks says of the connection, all
+// within probeTimeout.
+func probe(ctx context.Context, addr string, speaks func(context.Context, net.Conn) bool) bool {
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
 	var d net.Dialer
@@ -346,18 +327,39 @@ func speaksPlainMQTT(ctx context.Context, addr string) bool {
 	defer raw.Close()
 	deadline, _ := ctx.Deadline()
 	_ = raw.SetDeadline(deadline)
-	cp := packets.NewControlPacket(packets.CONNECT)
-	connect := cp.Content.(*packets.Connect)
-	connect.ProtocolName, connect.ProtocolVersion, connect.CleanStart = "MQTT", 5, true
-	if _, err := cp.WriteTo(raw); err != nil {
-		return false
-	}
-	var first [1]byte
-	if _, err := io.ReadFull(raw, first[:]); err != nil {
-		return false
-	}
-	_, _ = packets.NewControlPacket(packets.DISCONNECT).WriteTo(raw)
-	return first[0] == packets.CONNACK<<4
+	return speaks(ctx, raw)
+}
+
+// speaksTLS reports whether the server at addr completes a TLS handshake
+// (certificates unchecked: only the protocol matters) or answers one with
+// a TLS alert.
+func speaksTLS(ctx context.Context, addr string) bool {
+	return probe(ctx, addr, func(ctx context.Context, raw net.Conn) bool {
+		host, _, _ := net.SplitHostPort(addr)
+		tc := tls.Client(raw, &tls.Config{ServerName: host, InsecureSkipVerify: true}) // a probe of the protocol: nothing is sent over it
+		err := tc.HandshakeContext(ctx)
+		var alert tls.AlertError
+		return err == nil || errors.As(err, &alert)
+	})
+}
+
+// speaksPlainMQTT reports whether the server at addr answers a plain MQTT
+// CONNECT with a CONNACK.
+func speaksPlainMQTT(ctx context.Context, addr string) bool {
+	return probe(ctx, addr, func(_ context.Context, raw net.Conn) bool {
+		cp := packets.NewControlPacket(packets.CONNECT)
+		connect := cp.Content.(*packets.Connect)
+		connect.ProtocolName, connect.ProtocolVersion, connect.CleanStart = "MQTT", 5, true
+		if _, err := cp.WriteTo(raw); err != nil {
+			return false
+		}
+		var first [1]byte
+		if _, err := io.ReadFull(raw, first[:]); err != nil {
+			return false
+		}
+		_, _ = packets.NewControlPacket(packets.DISCONNECT).WriteTo(raw)
+		return first[0] == packets.CONNACK<<4
+	})
 }
 
 // tlsHandshakeError rewords a failed TLS handshake with addr: a server that
