@@ -31,8 +31,13 @@ var (
 // Config configures a local state store. The zero value serves anonymous
 // clients on a free loopback port, with no limit on keys, key size or value
 // size, and MQTT packets of at most DefaultMaxPacketSize (4 MiB). The
-// standalone store (cmd/statestore) has the same defaults, so a test passes
-// or fails alike on both.
+// standalone store (cmd/statestore) has the same defaults for these, so a
+// test passes or fails alike on both. The zero value sets none of the
+// per-user and per-connection limits (MaxKeysPerUser and the fields after
+// it), which the standalone store does set by default: 10,000 watches and
+// 1,000 subscriptions per connection, 1,000 retained messages and 16 MiB of
+// them per user, and, when it authenticates clients, 10,000 keys and
+// 256 MiB of them per user.
 type Config struct {
 	// Addr is the plain TCP listen address. Empty means "127.0.0.1:0" (a free
 	// loopback port, see Server.Addr); "-" disables the plain listener.
