@@ -25,27 +25,27 @@
 // To authenticate clients and keep them apart (see the package
 // documentation of sskv/localstore, "Tenants"):
 //
-//	statestore -listen :1883 -users users.txt -key-prefix alice=a/ -key-prefix bob=b/
-//	statestore -listen - -tls-listen :8883 -tls-cert server.pem -tls-key server.key \
-//	    -client-ca ca.pem -key-prefixes prefixes.txt
+//		statestore -listen :1883 -users users.txt -key-prefix alice=a/ -key-prefix bob=b/
+//		statestore -listen - -tls-listen :8883 -tls-cert server.pem -tls-key server.key \
+//		    -client-ca ca.pem -key-prefixes prefixes.txt
 //
-//   - -users FILE: lines "name:password" (blank lines and lines starting
-//     with # are skipped, spaces around each part ignored). A client must
-//     give one of these, or a token of -sat-tokens.
-//   - -sat-tokens FILE: lines "user:token", Kubernetes service account
-//     tokens accepted with MQTT v5 enhanced authentication (method
-//     K8S-SAT), as Azure IoT Operations does; the client is then that user.
-//   - -client-ca FILE: PEM CA certificates; the TLS listener then requires a
-//     client certificate they verify. Without -users and -sat-tokens, the
-//     client's user is its certificate's Subject CommonName; with them, a
-//     certificate is required too but the user is the one its password or
-//     token names. The plain listener never sees certificates: disable it
-//     (-listen -) unless it is on loopback for anonymous clients.
-//   - -key-prefix user=prefix, repeated, and -key-prefixes FILE (lines
-//     "user=prefix"): each user reads, writes and watches only keys that
-//     start with one of its prefixes (the user "" is the anonymous one; the
-//     prefix "" is every key). A user with no prefix has no keys at all
-//     ("not authorized").
+//	  - -users FILE: lines "name:password" (blank lines and lines starting
+//	    with # are skipped, spaces around each part ignored). A client must
+//	    give one of these, or a token of -sat-tokens.
+//	  - -sat-tokens FILE: lines "user:token", Kubernetes service account
+//	    tokens accepted with MQTT v5 enhanced authentication (method
+//	    K8S-SAT), as Azure IoT Operations does; the client is then that user.
+//	  - -client-ca FILE: PEM CA certificates; the TLS listener then requires a
+//	    client certificate they verify. Without -users and -sat-tokens, the
+//	    client's user is its certificate's Subject CommonName; with them, a
+//	    certificate is required too but the user is the one its password or
+//	    token names. The plain listener never sees certificates: disable it
+//	    (-listen -) unless it is on loopback for anonymous clients.
+//	  - -key-prefix user=prefix, repeated, and -key-prefixes FILE (lines
+//	    "user=prefix"): each user reads, writes and watches only keys that
+//	    start with one of its prefixes (the user "" is the anonymous one; the
+//	    prefix "" is every key). A user with no prefix has no keys at all
+//	    ("not authorized").
 //
 // Passwords and tokens cross the plain listener in clear: off loopback,
 // use the TLS listener.
