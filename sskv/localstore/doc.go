@@ -109,7 +109,6 @@
 //     messages unacknowledged to the store is disconnected with 0x93. QoS 1
 //     requests are acknowledged as they are executed, in order, so they
 //     never count against it.
-//
 //   - What a user, or a connection, makes the store keep is bounded by
 //     the limits of Config described in Tenants below: keys and their bytes
 //     per user, watches and subscriptions per connection, retained messages
