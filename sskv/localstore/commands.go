@@ -188,7 +188,7 @@ func (s *Server) execute(cl clientRef, req *request) result {
 
 	switch verb {
 	case "SET":
-		return s.set(e, key, req.args[2], setOpts, req.hasFT, ft, now)
+		return s.set(e, req.user, key, req.args[2], setOpts, req.hasFT, ft, now)
 	case "GET":
 		if e == nil {
 			return result{payload: nullPayload}
@@ -205,7 +205,9 @@ func (s *Server) execute(cl clientRef, req *request) result {
 			}
 			return result{payload: zeroPayload}
 		}
-		s.watch(cl, key)
+		if !s.watch(cl, key) {
+			return errResult(wire.MsgQuotaExceeded)
+		}
 		return result{payload: okPayload}
 	}
 }
@@ -247,8 +249,8 @@ func fenceCheck(e *entry, hasFT bool, ft hlc.Timestamp) (string, bool) {
 	return "", true
 }
 
-// set runs SET on key, whose live entry is e (nil when absent).
-func (s *Server) set(e *entry, key, value []byte, o setOptions, hasFT bool, ft, version hlc.Timestamp) result {
+// set runs SET for user on key, whose live entry is e (nil when absent).
+func (s *Server) set(e *entry, user string, key, value []byte, o setOptions, hasFT bool, ft, version hlc.Timestamp) result {
 	if s.cfg.MaxKeySize > 0 && len(key) > s.cfg.MaxKeySize ||
 		s.cfg.MaxValueSize > 0 && len(value) > s.cfg.MaxValueSize {
 		return errResult(wire.MsgQuotaExceeded)
@@ -260,11 +262,14 @@ func (s *Server) set(e *entry, key, value []byte, o setOptions, hasFT bool, ft, 
 		return result{payload: notAppliedPayload, version: e.version}
 	}
 	isNew := e == nil
+	if !s.withinQuota(e, user, key, value) {
+		return errResult(wire.MsgQuotaExceeded)
+	}
+	var oldSize int64
 	if isNew {
-		if s.cfg.MaxKeys > 0 && len(s.tab.keys) >= s.cfg.MaxKeys {
-			return errResult(wire.MsgQuotaExceeded)
-		}
-		e = &entry{key: string(key)}
+		e = &entry{key: string(key), owner: user}
+	} else {
+		oldSize = e.size()
 	}
 	e.value = append(e.value[:0:0], value...)
 	e.version = version
@@ -275,12 +280,32 @@ func (s *Server) set(e *entry, key, value []byte, o setOptions, hasFT bool, ft, 
 	if o.px > 0 {
 		expires = time.Now().Add(o.px)
 	}
-	s.tab.put(e, isNew, expires)
+	s.tab.put(e, isNew, oldSize, expires)
 	if !expires.IsZero() {
 		s.kickExpiry()
 	}
 	s.notifySet(e)
 	return result{payload: okPayload, version: version}
+}
+
+// withinQuota reports whether a SET of value on key by user, whose live
+// entry is e (nil: the SET creates it, for user), keeps within MaxKeys and
+// the quotas of the key's owner. A SET that does not grow what its owner
+// uses is always allowed, so that an owner over a quota lowered since can
+// still update, and shrink, its keys.
+func (s *Server) withinQuota(e *entry, user string, key, value []byte) bool {
+	owner, keys, grow := user, 1, int64(len(key)+len(value))
+	if e != nil {
+		owner, keys, grow = e.owner, 0, grow-e.size()
+	}
+	u := s.tab.usage(owner)
+	switch {
+	case keys > 0 && s.cfg.MaxKeys > 0 && len(s.tab.keys) >= s.cfg.MaxKeys,
+		keys > 0 && s.cfg.MaxKeysPerUser > 0 && u.keys >= s.cfg.MaxKeysPerUser,
+		grow > 0 && s.cfg.MaxBytesPerUser > 0 && u.bytes+grow > s.cfg.MaxBytesPerUser:
+		return false
+	}
+	return true
 }
 
 // del runs DEL (value == nil) and VDEL on the live entry e (nil when absent).

@@ -109,6 +109,10 @@
 //     messages unacknowledged to the store is disconnected with 0x93. QoS 1
 //     requests are acknowledged as they are executed, in order, so they
 //     never count against it.
+//   - What a user, or a connection, makes the store keep is bounded by
+//     the limits of Config described in Tenants below: keys and their bytes
+//     per user, watches and subscriptions per connection, retained messages
+//     per user. None is set in the zero Config.
 //
 // The broker's log never carries payloads: packets in its records are
 // replaced by their type and sizes.
@@ -196,9 +200,18 @@
 //
 //   - Topics outside clients/: they are an ordinary broker's, shared by
 //     all, retained messages and shared subscriptions included.
-//   - Resources: the keys, connections and messages a user may use are not
-//     limited per user (MaxKeys is one limit for all), so one user can
-//     exhaust them for everyone.
+//   - Resources, unless limited in Config: MaxKeysPerUser and
+//     MaxBytesPerUser bound the keys each user creates (beyond them its SET
+//     gets "the quota has been exceeded", and only its own), and
+//     MaxRetainedPerUser and MaxRetainedBytesPerUser its retained messages
+//     (PUBACK 0x97); MaxWatchesPerClient and MaxSubscriptionsPerClient
+//     bound those of each connection (-ERR "the quota has been exceeded",
+//     SUBACK 0x97). An embedded store's zero Config sets none of them;
+//     the standalone store (cmd/statestore) sets them by default (those on
+//     keys only when it authenticates clients).
+//     The number of connections, and of sessions the broker keeps for
+//     clients gone, is not limited per user, nor is the global MaxKeys
+//     (keep it 0, or at least MaxKeysPerUser times the number of users).
 //   - The store's hybrid logical clock, which any request's __ts within
 //     MaxDrift ahead moves forward for everyone, as on the service.
 //   - A client id while it is not connected: another user can take it and

@@ -28,7 +28,7 @@ func (h *hook) Provides(b byte) bool {
 	switch b {
 	case mqtt.OnConnectAuthenticate, mqtt.OnACLCheck, mqtt.OnSessionEstablish, mqtt.OnSessionEstablished,
 		mqtt.OnDisconnect, mqtt.OnPublish, mqtt.OnPacketRead, mqtt.OnPacketEncode, mqtt.OnPublishDropped,
-		mqtt.OnQosPublish:
+		mqtt.OnQosPublish, mqtt.OnSubscribe, mqtt.OnWill, mqtt.OnRetainedExpired:
 		return true
 	}
 	return false
@@ -77,6 +77,8 @@ func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet,
 //     strips them from every packet, which would remove __stat and __ts.
 //   - A successful CONNACK to a client that used enhanced authentication
 //     carries the authentication method, as MQTT v5 requires [MQTT-4.12.0-5].
+//   - A SUBACK says quota exceeded (0x97) for the filters refused for
+//     Config.MaxSubscriptionsPerClient (see limitSubscriptions).
 //   - A successful CONNACK announces Config.MaxPacketSize, so that a client
 //     refuses a packet the store would not take instead of being cut off
 //     for sending it (mochi enforces Capabilities.MaximumPacketSize but
@@ -89,6 +91,8 @@ func (h *hook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet
 		if dc, ok := cl.Net.Conn.(*deadlineConn); ok {
 			pk.PacketID = dc.clientPacketID(pk.PacketID)
 		}
+	case packets.Suback:
+		pk = fixSuback(cl, pk)
 	}
 	if pk.FixedHeader.Type == packets.Connack && pk.ReasonCode != packets.CodeSuccess.Code &&
 		cl.Properties.ProtocolVersion == 5 { // MQTT 3 has one code for both: 5, not authorized
@@ -181,8 +185,9 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 }
 
 // OnPublish refuses retained messages under clients/ (see acl.go) and
-// executes state store requests. Requests are acknowledged like any QoS 1
-// PUBLISH but not routed to subscribers of the invoke topic.
+// beyond the user's limits (see limits.go), and executes state store
+// requests. Requests are acknowledged like any QoS 1 PUBLISH but not routed
+// to subscribers of the invoke topic, nor retained.
 func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
 	if cl.Net.Inline {
 		return pk, nil
@@ -192,6 +197,12 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		return pk, h.s.refusePublish(cl, pk, packets.ErrNotAuthorized, msgNoRetained)
 	}
 	if pk.TopicName != wire.InvokeTopic {
+		// The broker retains the message once OnPublish has let it through.
+		if pk.FixedHeader.Retain && h.s.retainedLimited() &&
+			!h.s.retain(userOf(cl), pk.TopicName, retainedSize(pk.TopicName, pk.Payload, pk.Properties)) {
+			h.s.log.Warn("refused retained message: "+msgRetainedQuota, "client", cl.ID, "user", userOf(cl), "topic", pk.TopicName)
+			return pk, h.s.refusePublish(cl, pk, packets.ErrQuotaExceeded, msgRetainedQuota)
+		}
 		return pk, nil
 	}
 	if err := h.s.handleRequest(cl, pk); err != nil {
@@ -223,5 +234,25 @@ func (h *hook) OnQosPublish(cl *mqtt.Client, pk packets.Packet, sent int64, rese
 		if rec := h.s.recOf(cl); rec != nil {
 			h.s.slowClient(rec, "too many unacknowledged messages", "unacknowledged", inflight, "limit", h.s.cfg.MaxPendingMessages)
 		}
+	}
+}
+
+// OnSubscribe refuses the filters that would take cl beyond
+// Config.MaxSubscriptionsPerClient (see limitSubscriptions).
+func (h *hook) OnSubscribe(cl *mqtt.Client, pk packets.Packet) packets.Packet {
+	return h.s.limitSubscriptions(cl, pk)
+}
+
+// OnWill publishes a retained Will without retain where the limits on
+// retained messages say so (see limitRetainedWill).
+func (h *hook) OnWill(cl *mqtt.Client, will mqtt.Will) (mqtt.Will, error) {
+	return h.s.limitRetainedWill(cl, will), nil
+}
+
+// OnRetainedExpired forgets a retained message the broker dropped because
+// its Message Expiry Interval passed.
+func (h *hook) OnRetainedExpired(topic string) {
+	if h.s.retainedLimited() {
+		h.s.forget(topic)
 	}
 }

@@ -221,17 +221,18 @@ func (l *listener) Close(listeners.CloseFn) {
 // It is also where Server.Hold stops a connection's traffic (see gate).
 type deadlineConn struct {
 	net.Conn
-	s       *Server
-	limit   atomic.Int64 // a write deadline set from outside (Close), unix ns; 0: none
-	broken  atomic.Bool
-	closing sync.Once
-	gate    gate
-	lastOut atomic.Uint32               // packet id of the newest QoS message to the client (see packetid.go)
-	inbound atomic.Uint32               // the QoS 1 PUBLISH from the client being handled (see setInbound)
-	readAt  time.Time                   // when the PUBLISH being handled was read; only the connection's read goroutine uses it
-	client  atomic.Pointer[mqtt.Client] // the broker's client, once its session is set up
-	refusal string                      // why the store refuses the client's CONNECT (see hook.OnConnectAuthenticate); only the connection's goroutine uses it
-	claimed string                      // the client id the connection claimed (see Server.admit), released when it ends; only the connection's goroutine uses it
+	s        *Server
+	limit    atomic.Int64 // a write deadline set from outside (Close), unix ns; 0: none
+	broken   atomic.Bool
+	closing  sync.Once
+	gate     gate
+	lastOut  atomic.Uint32               // packet id of the newest QoS message to the client (see packetid.go)
+	inbound  atomic.Uint32               // the QoS 1 PUBLISH from the client being handled (see setInbound)
+	readAt   time.Time                   // when the PUBLISH being handled was read; only the connection's read goroutine uses it
+	client   atomic.Pointer[mqtt.Client] // the broker's client, once its session is set up
+	refusal  string                      // why the store refuses the client's CONNECT (see hook.OnConnectAuthenticate); only the connection's goroutine uses it
+	claimed  string                      // the client id the connection claimed (see Server.admit), released when it ends; only the connection's goroutine uses it
+	subQuota subQuota                    // the filters of the SUBSCRIBE being handled refused for MaxSubscriptionsPerClient; only the connection's goroutine uses it
 }
 
 func newDeadlineConn(conn net.Conn, s *Server) *deadlineConn {

@@ -25,16 +25,23 @@ func watchFilter(clientID string, key []byte) string {
 	return watchGroup + wire.NotifyTopic(clientID, key)
 }
 
-// watch registers cl's watch of key. The caller holds s.mu.
-func (s *Server) watch(cl clientRef, key []byte) {
+// watch registers cl's watch of key. It returns false, registering
+// nothing, when the watch would be one more than Config.MaxWatchesPerClient.
+// The caller holds s.mu.
+func (s *Server) watch(cl clientRef, key []byte) bool {
 	// A request that was read before its connection was replaced must not
 	// leave a watch behind for the new connection, which did not ask for it.
 	if s.current(cl.id) != cl.cl {
-		return
+		return true
+	}
+	if max := s.cfg.MaxWatchesPerClient; max > 0 && s.tab.watchCount(cl.id) >= max && !s.tab.watching(cl.id, key) {
+		s.log.Warn("refused KEYNOTIFY: too many watches", "client", cl.id, "limit", max)
+		return false
 	}
 	if s.tab.watch(cl.id, key) {
 		s.broker.Topics.Subscribe(cl.id, packets.Subscription{Filter: watchFilter(cl.id, key), Qos: 1})
 	}
+	return true
 }
 
 // unwatch ends clientID's watch of key. The caller holds s.mu.

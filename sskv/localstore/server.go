@@ -31,8 +31,13 @@ var (
 // Config configures a local state store. The zero value serves anonymous
 // clients on a free loopback port, with no limit on keys, key size or value
 // size, and MQTT packets of at most DefaultMaxPacketSize (4 MiB). The
-// standalone store (cmd/statestore) has the same defaults, so a test passes
-// or fails alike on both.
+// standalone store (cmd/statestore) has the same defaults for these, so a
+// test passes or fails alike on both. The zero value sets none of the
+// per-user and per-connection limits (MaxKeysPerUser and the fields after
+// it), which the standalone store does set by default: 10,000 watches and
+// 1,000 subscriptions per connection, 1,000 retained messages and 16 MiB of
+// them per user, and, when it authenticates clients, 10,000 keys and
+// 256 MiB of them per user.
 type Config struct {
 	// Addr is the plain TCP listen address. Empty means "127.0.0.1:0" (a free
 	// loopback port, see Server.Addr); "-" disables the plain listener.
@@ -65,6 +70,45 @@ type Config struct {
 	// limit); a SET beyond them gets "the quota has been exceeded".
 	MaxKeySize   int
 	MaxValueSize int
+
+	// MaxKeysPerUser and MaxBytesPerUser limit, for each user (see the
+	// package documentation, "Tenants"; anonymous clients are the user ""),
+	// the number of keys it created and their size in bytes, key plus value
+	// (0: no limit). A key counts against the user whose SET created it for
+	// as long as it exists, whoever updates it later. A SET that would take
+	// its creator beyond either limit gets "the quota has been exceeded";
+	// other users' SETs are unaffected, so that no user's keys can refuse
+	// another's lock. MaxKeys, if set, still bounds all users together:
+	// keep it at least MaxKeysPerUser times the number of users, or 0.
+	MaxKeysPerUser  int
+	MaxBytesPerUser int64
+
+	// MaxWatchesPerClient limits the watches (KEYNOTIFY) of one connection
+	// (0: no limit). A KEYNOTIFY that would add one beyond it gets "the
+	// quota has been exceeded"; one of a key already watched succeeds.
+	MaxWatchesPerClient int
+
+	// MaxSubscriptionsPerClient limits the subscriptions of one client's
+	// session, those it resumed included (0: no limit). A filter of a
+	// SUBSCRIBE that would add one beyond it is refused with SUBACK 0x97,
+	// quota exceeded (an MQTT 3 client gets 0x80); subscribing again to a
+	// filter it has is always allowed. The store's own subscriptions for
+	// watches do not count.
+	MaxSubscriptionsPerClient int
+
+	// MaxRetainedPerUser and MaxRetainedBytesPerUser limit, for each user,
+	// the number of retained messages it published and their size in bytes
+	// (topic, payload and properties; 0: no limit). A retained message
+	// counts against the user that published it until it is replaced,
+	// cleared or expires. A PUBLISH with retain beyond either limit is
+	// refused with PUBACK 0x97, quota exceeded (an MQTT 3 client is
+	// disconnected; a QoS 0 message is dropped), and a retained Will is
+	// published without retain. Clearing a retained message (an empty
+	// payload) is always allowed. With either limit set, a Will with a
+	// delay is never retained, as it could be published long after the
+	// check.
+	MaxRetainedPerUser      int
+	MaxRetainedBytesPerUser int64
 
 	// MaxDrift is how far ahead of the store's clock a request's __ts or __ft
 	// may be (default 60 s, as the service).
@@ -144,6 +188,8 @@ type Server struct {
 
 	tenants tenants // the user each client namespace belongs to (see identity.go)
 
+	retained retainedLedger // whose each retained message is, when they are limited (see limits.go)
+
 	faultMu sync.Mutex
 	faults  map[string]*clientFaults // by client id (see SetResponseFault)
 
@@ -170,7 +216,9 @@ func Start(cfg Config) (*Server, error) {
 		cfg.CloseTimeout = 2 * time.Second
 	}
 	if cfg.MaxKeys < 0 || cfg.MaxKeySize < 0 || cfg.MaxValueSize < 0 || cfg.MaxPacketSize < 0 ||
-		cfg.MaxPendingMessages < 0 || cfg.WriteTimeout < 0 {
+		cfg.MaxPendingMessages < 0 || cfg.WriteTimeout < 0 ||
+		cfg.MaxKeysPerUser < 0 || cfg.MaxBytesPerUser < 0 || cfg.MaxWatchesPerClient < 0 ||
+		cfg.MaxSubscriptionsPerClient < 0 || cfg.MaxRetainedPerUser < 0 || cfg.MaxRetainedBytesPerUser < 0 {
 		return nil, errors.New("localstore: negative limit in Config")
 	}
 	if err := checkIdentityConfig(&cfg); err != nil {

@@ -16,6 +16,16 @@ type entry struct {
 	fence   hlc.Timestamp // zero: the key is not fenced
 	expires time.Time     // zero: no expiry; monotonic reading otherwise
 	index   int           // position in the expiry heap, -1 when not in it
+	owner   string        // the user whose SET created the key: it counts against that user's quota
+}
+
+// size is what e counts against its owner's MaxBytesPerUser.
+func (e *entry) size() int64 { return int64(len(e.key) + len(e.value)) }
+
+// usage is what one user's keys take (see Config.MaxKeysPerUser).
+type usage struct {
+	keys  int
+	bytes int64
 }
 
 // expiryHeap orders keys with an expiry by their deadline, so the next expiry
@@ -52,6 +62,7 @@ type table struct {
 	expiry  expiryHeap
 	watches map[string]map[string]struct{} // key -> client ids
 	byOwner map[string]map[string]struct{} // client id -> keys
+	users   map[string]usage               // user -> its keys; no entry for a user without keys
 }
 
 func newTable() *table {
@@ -59,7 +70,23 @@ func newTable() *table {
 		keys:    make(map[string]*entry),
 		watches: make(map[string]map[string]struct{}),
 		byOwner: make(map[string]map[string]struct{}),
+		users:   make(map[string]usage),
 	}
+}
+
+// usage returns what user's keys take.
+func (t *table) usage(user string) usage { return t.users[user] }
+
+// charge adds keys and bytes to user's usage.
+func (t *table) charge(user string, keys int, bytes int64) {
+	u := t.users[user]
+	u.keys += keys
+	u.bytes += bytes
+	if u.keys == 0 && u.bytes == 0 {
+		delete(t.users, user)
+		return
+	}
+	t.users[user] = u
 }
 
 // get returns the live entry for key, or nil.
@@ -67,11 +94,16 @@ func (t *table) get(key []byte) *entry {
 	return t.keys[string(key)]
 }
 
-// put inserts or updates key. expires zero removes any expiry.
-func (t *table) put(e *entry, isNew bool, expires time.Time) {
+// put inserts e (isNew: a new key, owned by e.owner) or records that its
+// value changed from one of oldSize bytes (key included). expires zero
+// removes any expiry.
+func (t *table) put(e *entry, isNew bool, oldSize int64, expires time.Time) {
 	if isNew {
 		e.index = -1
 		t.keys[e.key] = e
+		t.charge(e.owner, 1, e.size())
+	} else {
+		t.charge(e.owner, 0, e.size()-oldSize)
 	}
 	switch {
 	case expires.IsZero() && e.index >= 0:
@@ -93,6 +125,7 @@ func (t *table) remove(e *entry) {
 		heap.Remove(&t.expiry, e.index)
 	}
 	delete(t.keys, e.key)
+	t.charge(e.owner, -1, -e.size())
 }
 
 // nextExpiry returns the earliest deadline, or zero when no key expires.
@@ -111,6 +144,7 @@ func (t *table) popExpired(now time.Time) *entry {
 	}
 	e := heap.Pop(&t.expiry).(*entry)
 	delete(t.keys, e.key)
+	t.charge(e.owner, -1, -e.size())
 	return e
 }
 
@@ -133,6 +167,15 @@ func (t *table) watch(clientID string, key []byte) bool {
 	}
 	o[k] = struct{}{}
 	return true
+}
+
+// watchCount returns how many keys clientID watches.
+func (t *table) watchCount(clientID string) int { return len(t.byOwner[clientID]) }
+
+// watching reports whether clientID watches key.
+func (t *table) watching(clientID string, key []byte) bool {
+	_, ok := t.byOwner[clientID][string(key)]
+	return ok
 }
 
 // unwatch removes clientID's watch of key; it reports whether there was one.
