@@ -158,6 +158,9 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, &opError{op: "dial " + cfg.Addr, err: err} // its caller gave up already: no connection
+	}
 	c, err := newClient(cfg)
 	if err != nil {
 		return nil, err
