@@ -3,17 +3,10 @@ package main
 import (
 	"bufio"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"math/big"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,6 +19,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/dsslock/dsslock/internal/testtls"
 	"github.com/dsslock/dsslock/lock"
 	"github.com/dsslock/dsslock/sskv"
 )
@@ -44,49 +38,26 @@ type pki struct {
 
 func newPKI(t *testing.T, dir string) *pki {
 	t.Helper()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := testtls.NewCA()
 	if err != nil {
 		t.Fatal(err)
 	}
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	p := &pki{pool: ca.Pool(), clients: map[string]tls.Certificate{}}
+	p.caCert = writeFile(t, dir, "ca.pem", string(ca.PEM()))
+	server, err := ca.Issue("server", true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ca, _ := x509.ParseCertificate(caDER)
-	p := &pki{pool: x509.NewCertPool(), clients: map[string]tls.Certificate{}}
-	p.pool.AddCert(ca)
-	p.caCert = writeFile(t, dir, "ca.pem", string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})))
-	issue := func(serial int64, cn string, server bool) ([]byte, *ecdsa.PrivateKey) {
-		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
+	certPEM, keyPEM, err := testtls.PEM(server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.serverCert = writeFile(t, dir, "server.pem", string(certPEM))
+	p.serverKey = writeFile(t, dir, "server.key", string(keyPEM))
+	for _, cn := range []string{"alice", "bob"} {
+		if p.clients[cn], err = ca.Issue(cn, false); err != nil {
 			t.Fatal(err)
 		}
-		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn},
-			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
-		if server {
-			tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
-			tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1)}
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return der, key
-	}
-	der, key := issue(2, "server", true)
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.serverCert = writeFile(t, dir, "server.pem", string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})))
-	p.serverKey = writeFile(t, dir, "server.key", string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})))
-	for i, cn := range []string{"alice", "bob"} {
-		der, key := issue(int64(3+i), cn, false)
-		p.clients[cn] = tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 	}
 	return p
 }

@@ -2,14 +2,8 @@ package localstore_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"fmt"
-	"math/big"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +12,7 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 
 	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/internal/testtls"
 	"github.com/dsslock/dsslock/sskv/internal/resp"
 	"github.com/dsslock/dsslock/sskv/internal/wire"
 	"github.com/dsslock/dsslock/sskv/localstore"
@@ -450,7 +445,7 @@ func TestUserFromCertificate(t *testing.T) {
 	serverCert, serverPool := selfSigned(t)
 	ca := newTestCA(t)
 	srv := startStore(t, localstore.Config{
-		TLS:         &tls.Config{Certificates: []tls.Certificate{serverCert}, ClientCAs: ca.pool, ClientAuth: tls.VerifyClientCertIfGiven},
+		TLS:         &tls.Config{Certificates: []tls.Certificate{serverCert}, ClientCAs: ca.Pool(), ClientAuth: tls.VerifyClientCertIfGiven},
 		KeyPrefixes: map[string][]string{"alice": {"a/"}, "bob": {"b/"}, "": {"pub/"}},
 	})
 	tlsAs := func(cn string) connOpts {
@@ -487,49 +482,25 @@ func TestUserFromCertificate(t *testing.T) {
 }
 
 // testCA issues client certificates.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pool *x509.CertPool
-}
+type testCA struct{ *testtls.CA }
 
-func newTestCA(t testing.TB) *testCA {
+func newTestCA(t testing.TB) testCA {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := testtls.NewCA()
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return &testCA{cert: cert, key: key, pool: pool}
+	return testCA{ca}
 }
 
 // issue returns a client certificate with Subject CommonName cn.
-func (ca *testCA) issue(t testing.TB, cn string) tls.Certificate {
+func (ca testCA) issue(t testing.TB, cn string) tls.Certificate {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	c, err := ca.Issue(cn, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: cn, Organization: []string{"tenants"}},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	return c
 }
 
 // TestNoAuthClientsShareANamespace: without authentication every client is
