@@ -90,6 +90,9 @@ type Client struct {
 	closed    atomic.Bool
 
 	testHookSync func(key string) // tests: called by a watch's sync before its KEYNOTIFY
+
+	sharedMu sync.Mutex
+	shared   map[any]any // see Shared
 }
 
 // connState is one state of the connection. gen counts connections: it is 0
@@ -552,6 +555,26 @@ func (c *Client) Close() error {
 // to fail.
 func (c *Client) Done() <-chan struct{} { return c.ctx.Done() }
 
+// Shared returns the value this client keeps under key, calling create to
+// make it the first time. It lets a package built on the client keep one
+// instance of something per client without global state: package lock
+// renews all the leases taken through a client with one scheduler. Use a
+// key of an unexported type, as with context values. create runs once per
+// key, under a lock: it must not call Shared.
+func (c *Client) Shared(key any, create func() any) any {
+	c.sharedMu.Lock()
+	defer c.sharedMu.Unlock()
+	if v, ok := c.shared[key]; ok {
+		return v
+	}
+	if c.shared == nil {
+		c.shared = make(map[any]any)
+	}
+	v := create()
+	c.shared[key] = v
+	return v
+}
+
 // spawn runs f on a goroutine that Close waits for. It reports false, and
 // does not run f, once Close has started.
 func (c *Client) spawn(f func()) bool {
@@ -622,8 +645,14 @@ func (c *Client) ConnectionUp(connack *paho.Connack) {
 	}
 	sessionPresent := connack != nil && connack.SessionPresent
 	var maxOut uint32
-	if connack != nil && connack.Properties != nil && connack.Properties.MaximumPacketSize != nil {
-		maxOut = *connack.Properties.MaximumPacketSize
+	var recvMax uint16
+	if connack != nil && connack.Properties != nil {
+		if connack.Properties.MaximumPacketSize != nil {
+			maxOut = *connack.Properties.MaximumPacketSize
+		}
+		if connack.Properties.ReceiveMaximum != nil {
+			recvMax = *connack.Properties.ReceiveMaximum
+		}
 	}
 	var seq uint64
 	if c.sess != nil {
@@ -635,7 +664,7 @@ func (c *Client) ConnectionUp(connack *paho.Connack) {
 		// Cut off before: a reconnection, or a first connection that came
 		// after failed attempts (the broker was down, or unreachable).
 		outage := gen > 1 || c.lastErr.Load() != nil
-		cn := newConn(c, gen, seq, outage)
+		cn := newConn(c, gen, seq, outage, recvMax)
 		cn.maxOut = maxOut
 		return connState{gen: gen, conn: cn}
 	})

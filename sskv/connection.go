@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"golang.org/x/sync/semaphore"
 )
 
 // Conn is one connection of a [Client], from the moment it is ready until it
@@ -36,13 +38,44 @@ type Conn struct {
 	up     time.Time
 	outage bool
 	maxOut uint32 // the broker's Maximum Packet Size (CONNACK); 0: MQTT's limit
+	slots  *semaphore.Weighted // the broker's Receive Maximum (CONNACK): requests unacknowledged at once
 	lost   chan struct{}
 	once   sync.Once
 }
 
-func newConn(c *Client, gen, seq uint64, outage bool) *Conn {
-	return &Conn{c: c, gen: gen, seq: seq, up: time.Now(), outage: outage, lost: make(chan struct{})}
+func newConn(c *Client, gen, seq uint64, outage bool, recvMax uint16) *Conn {
+	if recvMax == 0 {
+		recvMax = 65535 // MQTT's default when CONNACK has none
+	}
+	return &Conn{c: c, gen: gen, seq: seq, up: time.Now(), outage: outage,
+		slots: semaphore.NewWeighted(int64(recvMax)), lost: make(chan struct{})}
 }
+
+// acquireSlot waits, as long as ctx allows and the connection lasts, until
+// fewer than the broker's Receive Maximum of this connection's requests are
+// unacknowledged, and takes a slot; releaseSlot gives it back once paho has
+// the PUBACK (or gave up). paho enforces the same limit, but waiting in its
+// queue is what it cannot end cleanly: a request whose context ends just as
+// its turn comes is reported on stdout. Waiting here, no request reaches
+// paho's queue. It reports false when ctx ended or the connection was lost
+// first.
+func (cn *Conn) acquireSlot(ctx context.Context) bool {
+	if cn.slots.TryAcquire(1) {
+		return true
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-cn.lost:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return cn.slots.Acquire(ctx, 1) == nil
+}
+
+func (cn *Conn) releaseSlot() { cn.slots.Release(1) }
 
 // markLost closes the Conn's Done channel once. It may be called on nil.
 func (cn *Conn) markLost() {

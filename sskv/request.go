@@ -459,11 +459,32 @@ func (c *Client) exchange(ctx context.Context, pin *Conn, p *pending, corr [16]b
 				c.pmu.Unlock()
 			}
 		}
+		if !st.conn.acquireSlot(ctx) {
+			// Not sent: the connection was lost, or ctx ended, while the
+			// broker's Receive Maximum of requests were unacknowledged.
+			unbind()
+			if pin == nil && ctx.Err() == nil && !c.closed.Load() {
+				lastGen = st.gen
+				continue
+			}
+			if !c.unregister(corr) {
+				return <-p.ch, nil
+			}
+			switch {
+			case ctx.Err() != nil:
+				return result{}, c.ctxError(ctx, p)
+			case c.closed.Load():
+				return result{}, ErrClosed
+			}
+			return result{}, pin.notSent()
+		}
 		if !c.spawn(func() {
 			pr, err := c.cm.Publish(ctx, pub)
+			st.conn.releaseSlot()
 			unbind()
 			done <- pubResult{pr, err}
 		}) {
+			st.conn.releaseSlot()
 			unbind()
 			done <- pubResult{err: ErrClosed}
 		}
