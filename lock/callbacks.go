@@ -4,9 +4,9 @@ import "sync"
 
 // callbacks runs a Lock's callbacks (Config.OnRenewal) one at a time, in
 // the order they were queued, on a goroutine of their own that runs only
-// while some are queued. The renew loop never waits for a callback, so a
+// while some are queued. The renewer never waits for a callback, so a
 // callback may call any method of the Lock: Unlock and Close, which wait
-// for the renew loop to stop, included.
+// for renewals in flight to end, included.
 type callbacks struct {
 	mu      sync.Mutex
 	queue   []func()

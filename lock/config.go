@@ -70,7 +70,7 @@ type Config struct {
 	// OnRenewal, if set, is called after every renewal the Lock sends (not
 	// the acquisition) with how long it took and its error, if any: a hook for
 	// metrics. The calls are made in order, on a goroutine of their own and
-	// never on the renew loop, so OnRenewal may call any method of the Lock
+	// never on the renewer, so OnRenewal may call any method of the Lock
 	// (giving the lock up after a failed renewal with Unlock, say); a call
 	// that blocks delays the next ones, not the renewals. A call queued
 	// before Unlock or Close may run after it has returned.

@@ -160,6 +160,6 @@
 // room for pauses; an Unlock hands over at once whatever the TTL. A TTL of
 // decades is accepted; the arithmetic saturates rather than overflow.
 //
-// Config.OnRenewal runs on a goroutine of its own, never on the renew loop:
+// Config.OnRenewal runs on a goroutine of its own, never on the renewer:
 // it may call any method of the Lock, Unlock and Close included.
 package lock

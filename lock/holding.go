@@ -7,8 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
-
 	"github.com/dsslock/dsslock/hlc"
 	"github.com/dsslock/dsslock/sskv"
 )
@@ -20,13 +18,13 @@ type holding struct {
 	token  hlc.Timestamp
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	stop   chan struct{} // closed when the holding ends: the renew loop stops
-	loop   chan struct{} // closed when the renew loop has returned; nil if there is none
-	timer  *time.Timer   // loses the holding at expires
+	sched  *renewer      // renews it; nil for a Lock that holds nothing yet
+	guards chan struct{} // closed when the guard has returned; nil if there is none
 
-	writeMu sync.Mutex    // one write (renewal, SetValue) or confirmation at a time
-	watch   *waitWatch    // the waiter's watch, for the guard to go on with; may be nil
-	poke    chan struct{} // capacity 1: the guard asks the renew loop to confirm the key now
+	scheduling // guarded by sched.mu
+
+	writeMu sync.Mutex // one write (renewal, SetValue) or confirmation at a time
+	watch   *waitWatch // the waiter's watch, for the guard to go on with; may be nil
 
 	mu      sync.Mutex
 	ended   bool
@@ -57,30 +55,51 @@ type holding struct {
 func endedHolding(cause error) *holding {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	cancel(cause)
-	return &holding{ctx: ctx, cancel: cancel, ended: true}
+	return &holding{ctx: ctx, cancel: cancel, ended: true, scheduling: scheduling{index: -1}}
 }
 
-// newHolding starts the holding of token, acquired by a SET sent at sent
+// newHolding returns the holding of token, acquired by a SET sent at sent
 // through conn, whose last write left rec in the key at version. The caller
-// starts its renew loop.
+// starts it.
 func newHolding(l *Lock, token hlc.Timestamp, rec []byte, sent time.Time, conn *sskv.Conn, version hlc.Timestamp) *holding {
 	ctx, cancel := context.WithCancelCause(context.Background())
-	h := &holding{
-		l:        l,
-		token:    token,
-		ctx:      ctx,
-		cancel:   cancel,
-		stop:     make(chan struct{}),
-		loop:     make(chan struct{}),
-		poke:     make(chan struct{}, 1),
-		expires:  sent.Add(l.cfg.RenewDeadline),
-		rec:      rec,
-		conn:     conn,
-		version:  version,
-		acquired: version,
+	return &holding{
+		l:          l,
+		token:      token,
+		ctx:        ctx,
+		cancel:     cancel,
+		sched:      renewerOf(l.c),
+		expires:    sent.Add(l.cfg.RenewDeadline),
+		rec:        rec,
+		conn:       conn,
+		version:    version,
+		acquired:   version,
+		scheduling: scheduling{index: -1},
 	}
-	h.timer = time.AfterFunc(time.Until(h.expires), h.deadline)
-	return h
+}
+
+// start has the client's renewer renew the holding, acquired by a SET sent
+// at sent, and with FenceKey starts its guard.
+func (h *holding) start(sent time.Time) {
+	if h.l.cfg.FenceKey {
+		h.guards = make(chan struct{})
+		go h.guard(h.guards)
+	}
+	h.sched.add(h, sent)
+}
+
+// expiry returns the renew deadline.
+func (h *holding) expiry() time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.expires
+}
+
+// connection0 returns the connection the holding last saw its key on.
+func (h *holding) connection0() *sskv.Conn {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.conn
 }
 
 // record returns the key's value while this holding lasts, or the late
@@ -130,12 +149,9 @@ func (h *holding) endWith(cause error) bool {
 	}
 	h.ended = true
 	h.mu.Unlock()
-	if h.timer != nil {
-		h.timer.Stop()
-	}
 	h.cancel(cause)
-	if h.stop != nil {
-		close(h.stop)
+	if h.sched != nil {
+		h.sched.remove(h)
 	}
 	return true
 }
@@ -147,18 +163,23 @@ func (h *holding) lose(reason error) {
 	}
 }
 
-// finish ends the holding with cause, waits for its renew loop to return and
-// reports whether this call ended it.
+// finish ends the holding with cause, waits for a write of it in flight
+// and for its guard to return, and reports whether this call ended it.
 func (h *holding) finish(cause error) bool {
 	ended := h.endWith(cause)
-	if h.loop != nil {
-		<-h.loop
+	// Wait for a write in flight, which then sees the holding ended.
+	h.writeMu.Lock()
+	//lint:ignore SA2001 the critical section is the wait
+	h.writeMu.Unlock()
+	if h.guards != nil {
+		<-h.guards
 	}
 	return ended
 }
 
-// deadline loses the holding if its renew deadline has passed. The timer
-// calls it; a renewal that succeeded meanwhile has moved the deadline on.
+// deadline loses the holding if its renew deadline has passed. The renewer
+// calls it when the deadline comes; a renewal that succeeded meanwhile has
+// moved the deadline on.
 func (h *holding) deadline() {
 	h.mu.Lock()
 	if h.ended || time.Now().Before(h.expires) {
@@ -190,9 +211,7 @@ func (h *holding) renewed(sent time.Time) bool {
 	}
 	h.expires = sent.Add(h.l.cfg.RenewDeadline)
 	h.lastErr = nil
-	until := time.Until(h.expires)
 	h.mu.Unlock()
-	h.timer.Reset(until)
 	return true
 }
 
@@ -341,90 +360,12 @@ func (h *holding) confirm(ctx context.Context) (*sskv.Conn, error) {
 	return next, nil
 }
 
-// renewLoop renews the lease every RenewInterval, and sooner after a
-// failure, until the holding ends. Each renewal is bounded by the renew
-// deadline, so it never outlasts the holding. When the connection is lost,
-// or the guard asks for it, it renews as soon as it can, which confirms the
-// key first (see confirm).
-func (h *holding) renewLoop() {
-	defer close(h.loop)
-	l := h.l
-	if l.cfg.FenceKey {
-		guarded := make(chan struct{})
-		go h.guard(guarded)
-		defer func() { <-guarded }()
-	}
-	retry := backoff.NewExponentialBackOff()
-	retry.InitialInterval = max(l.cfg.RenewInterval/20, time.Millisecond)
-	retry.MaxInterval = max(l.cfg.RenewInterval/4, time.Millisecond)
-	retry.MaxElapsedTime = 0
-	retry.Reset()
-
-	h.mu.Lock()
-	first := time.Until(h.expires.Add(l.cfg.RenewInterval - l.cfg.RenewDeadline))
-	h.mu.Unlock()
-	next := time.NewTimer(first)
-	defer next.Stop()
-	backingOff := false // a failed write waits for next, not for a lost connection
-	for {
-		var lost <-chan struct{}
-		if !backingOff {
-			h.mu.Lock()
-			lost = h.conn.Done()
-			h.mu.Unlock()
-		}
-		select {
-		case <-h.stop:
-			return
-		case <-l.c.Done():
-			h.lose(fmt.Errorf("%w: %w", ErrClosed, sskv.ErrClosed))
-			return
-		case <-next.C:
-		case <-lost:
-		case <-h.poke:
-			if errors.Is(h.recheckNow(), errEnded) {
-				return
-			}
-			continue
-		}
-		sent, err := h.write(h.ctx, nil)
-		if f := l.cfg.OnRenewal; f != nil && !sent.IsZero() {
-			rerr := err
-			if errors.Is(err, errEnded) {
-				rerr = h.err()
-			}
-			latency := time.Since(sent)
-			l.calls.do(func() { f(latency, rerr) })
-		}
-		switch {
-		case err == nil:
-			retry.Reset()
-			backingOff = false
-			next.Reset(l.cfg.RenewInterval - time.Since(sent))
-		case errors.Is(err, errEnded):
-			return
-		case errors.Is(err, sskv.ErrNotSent), errors.Is(err, sskv.ErrConnectionLost):
-			// The connection was lost: renew once the next one is up,
-			// which confirm waits for.
-			l.log.Debug("renewal failed with the connection; renewing on the next one", "error", err)
-			backingOff = false
-			next.Reset(0)
-		default:
-			// The outcome is unknown; the next renewal, with the same value,
-			// is harmless whether or not this one was applied.
-			l.log.Debug("renewal failed; retrying", "error", err)
-			backingOff = true
-			next.Reset(retry.NextBackOff())
-		}
-	}
-}
-
 // guard watches the key while a FenceKey holding lasts, and loses the
 // holding as soon as the key is deleted (by someone else, or lost by a
 // store) or taken by another holder. A renewal could not tell: its SET NEX
 // would simply create the key again, after another holder may have held
 // it in between. When the watch reports that it lost track of the key (a
-// Resync), the guard has the renew loop confirm the key at once. It closes
+// Resync), the guard has the renewer confirm the key at once. It closes
 // done when it returns, after the holding ended.
 func (h *holding) guard(done chan<- struct{}) {
 	defer close(done)
@@ -549,16 +490,13 @@ func (h *holding) recheckNow() error {
 	return err
 }
 
-// askConfirm has the renew loop read the key now, and before its next
-// write (see confirm).
+// askConfirm has the renewer read the key now, and before its next write
+// (see confirm).
 func (h *holding) askConfirm() {
 	h.mu.Lock()
 	h.recheck = true
 	h.mu.Unlock()
-	select {
-	case h.poke <- struct{}{}:
-	default:
-	}
+	h.sched.poke(h)
 }
 
 // releaseConn returns the connection release deletes the key on, and ctx

@@ -34,7 +34,7 @@ type Lock struct {
 	// progress, which holds the turn Close needs.
 	life  context.Context
 	kill  context.CancelCauseFunc
-	calls callbacks // runs OnRenewal off the renew loop
+	calls callbacks // runs OnRenewal off the renewer
 	nonce string    // makes the record of an acquisition under way this Lock's own
 	// undo lists the deletes that give the key back after an acquisition
 	// whose outcome is unknown. Guarded by the turn.
@@ -452,7 +452,7 @@ func (l *Lock) attempt(ctx context.Context, cn *sskv.Conn) (bool, error) {
 	l.cur = h
 	l.mu.Unlock()
 	l.log.Info("acquired", "token", token)
-	go h.renewLoop()
+	h.start(sent)
 	return true, nil
 }
 
@@ -536,7 +536,7 @@ func (l *Lock) abandonThenEnd() {
 // The caller has the turn.
 func (l *Lock) release(ctx context.Context) error {
 	h := l.holding()
-	if h.loop == nil { // never acquired
+	if h.sched == nil { // never acquired
 		return l.wrap("unlock", ErrNotHeld)
 	}
 	if !h.finish(ErrReleased) && errors.Is(h.err(), ErrReleased) {

@@ -1,0 +1,311 @@
+package lock
+
+import (
+	"container/heap"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+
+	"github.com/dsslock/dsslock/sskv"
+)
+
+// renewer renews all the holdings of the Locks of one sskv.Client. It keeps
+// them in a heap ordered by when each needs attention next (its renewal, or
+// its renew deadline while a renewal is under way), and runs one goroutine,
+// only while some holding lasts, that sleeps on one timer until the first of
+// them. Each renewal due runs on a goroutine of its own while it is in
+// flight, so renewals are pipelined on the client's connection and a slow
+// one holds up no other. An idle holding costs an entry in the heap: no
+// goroutine and no timer.
+//
+// Every guarantee of a holding is its own: its renew deadline is checked on
+// the monotonic clock when the heap says it has come (and by every
+// FencingToken), and losing one holding affects no other.
+type renewer struct {
+	c    *sskv.Client
+	wake chan struct{} // capacity 1: the heap changed
+
+	mu      sync.Mutex
+	queue   renewHeap
+	running bool       // run is running
+	busy    int        // renewals in flight
+	conn    *sskv.Conn // a connection the holdings write on, watched for its loss
+}
+
+// renewerKey is the key of a client's renewer (sskv.Client.Shared).
+type renewerKey struct{}
+
+// renewerOf returns the renewer of c.
+func renewerOf(c *sskv.Client) *renewer {
+	return c.Shared(renewerKey{}, func() any {
+		return &renewer{c: c, wake: make(chan struct{}, 1)}
+	}).(*renewer)
+}
+
+// add schedules h, just acquired by a SET sent at sent, for its first
+// renewal: at a random point of the second half of its renew interval, so
+// that locks taken together do not renew together.
+func (r *renewer) add(h *holding, sent time.Time) {
+	iv := h.l.cfg.RenewInterval
+	r.mu.Lock()
+	h.renewAt = sent.Add(iv/2 + rand.N(iv/2+1))
+	h.due = h.renewAt
+	if h.pokeReq || lost(h.conn) {
+		h.due = time.Now()
+	}
+	heap.Push(&r.queue, h)
+	if r.conn == nil || lost(r.conn) {
+		r.conn = h.conn
+	}
+	start := !r.running
+	r.running = true
+	r.mu.Unlock()
+	if start {
+		go r.run()
+	} else {
+		r.kick()
+	}
+}
+
+// remove takes h out of the schedule; it has ended.
+func (r *renewer) remove(h *holding) {
+	r.mu.Lock()
+	if h.index >= 0 {
+		heap.Remove(&r.queue, h.index)
+	}
+	r.mu.Unlock()
+	r.kick()
+}
+
+// poke has h confirm its key now (see holding.askConfirm).
+func (r *renewer) poke(h *holding) {
+	r.mu.Lock()
+	h.pokeReq = true
+	if !h.busy && h.index >= 0 {
+		h.due = time.Now()
+		heap.Fix(&r.queue, h.index)
+	}
+	r.mu.Unlock()
+	r.kick()
+}
+
+func (r *renewer) kick() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run serves the heap until it is empty and no renewal is in flight.
+func (r *renewer) run() {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		r.mu.Lock()
+		if len(r.queue) == 0 && r.busy == 0 {
+			r.running = false
+			r.mu.Unlock()
+			return
+		}
+		now := time.Now()
+		var due []*holding
+		for len(r.queue) > 0 && !r.queue[0].due.After(now) {
+			due = append(due, heap.Pop(&r.queue).(*holding))
+		}
+		for _, h := range due {
+			r.attend(h, now)
+		}
+		if len(due) > 0 {
+			r.mu.Unlock()
+			continue
+		}
+		wait := time.Hour
+		if len(r.queue) > 0 {
+			wait = r.queue[0].due.Sub(now)
+		}
+		var connLost <-chan struct{}
+		if r.conn != nil {
+			connLost = r.conn.Done()
+		}
+		r.mu.Unlock()
+
+		timer.Reset(wait)
+		select {
+		case <-timer.C:
+		case <-r.wake:
+			if !timer.Stop() {
+				<-timer.C
+			}
+		case <-connLost:
+			r.connectionLost()
+		case <-r.c.Done():
+			r.closed()
+			return
+		}
+	}
+}
+
+// attend handles h, whose time has come, and puts it back in the heap
+// unless it ended. r.mu is held.
+func (r *renewer) attend(h *holding, now time.Time) {
+	expires := h.expiry()
+	switch {
+	case !h.live():
+		return
+	case !now.Before(expires):
+		// The renew deadline has passed: lost, whatever is in flight.
+		go h.deadline()
+		return
+	case h.busy:
+		// The deadline of a holding whose renewal is in flight moved on.
+		h.due = expires
+	default:
+		h.busy = true
+		r.busy++
+		h.due = expires // the deadline, while the renewal is in flight
+		confirmOnly := h.pokeReq && now.Before(h.renewAt)
+		h.pokeReq = false
+		go r.work(h, confirmOnly)
+	}
+	heap.Push(&r.queue, h)
+}
+
+// connectionLost has every holding whose connection was lost renew (after
+// confirming its key) as soon as the next connection is up.
+func (r *renewer) connectionLost() {
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.conn = nil
+	for _, h := range r.queue {
+		if lost(h.connection0()) {
+			h.renewAt = now
+			if !h.busy {
+				h.due = now
+			}
+		}
+	}
+	heap.Init(&r.queue)
+}
+
+// closed loses every holding: the client was closed.
+func (r *renewer) closed() {
+	r.mu.Lock()
+	hs := r.queue
+	r.queue = nil
+	r.running = false
+	for _, h := range hs {
+		h.index = -1
+	}
+	r.mu.Unlock()
+	for _, h := range hs {
+		h.lose(fmt.Errorf("%w: %w", ErrClosed, sskv.ErrClosed))
+	}
+}
+
+// work renews h (or only confirms its key), then schedules its next
+// renewal.
+func (r *renewer) work(h *holding, confirmOnly bool) {
+	l := h.l
+	var next time.Time
+	ended := false
+	if confirmOnly {
+		ended = errors.Is(h.recheckNow(), errEnded)
+	} else {
+		sent, err := h.write(h.ctx, nil)
+		if f := l.cfg.OnRenewal; f != nil && !sent.IsZero() {
+			rerr := err
+			if errors.Is(err, errEnded) {
+				rerr = h.err()
+			}
+			latency := time.Since(sent)
+			l.calls.do(func() { f(latency, rerr) })
+		}
+		iv := l.cfg.RenewInterval
+		switch {
+		case err == nil:
+			h.retry = nil
+			// Up to a tenth of the interval early, at random, so that
+			// renewals bunched together (by an outage, say) spread out.
+			next = sent.Add(iv - rand.N(iv/10+1))
+		case errors.Is(err, errEnded):
+			ended = true
+		case errors.Is(err, sskv.ErrNotSent), errors.Is(err, sskv.ErrConnectionLost):
+			// The connection was lost: renew once the next one is up,
+			// which confirm waits for.
+			l.log.Debug("renewal failed with the connection; renewing on the next one", "error", err)
+			next = time.Now()
+		default:
+			// The outcome is unknown; the next renewal, with the same value,
+			// is harmless whether or not this one was applied.
+			l.log.Debug("renewal failed; retrying", "error", err)
+			if h.retry == nil {
+				h.retry = newBackoff(max(iv/20, time.Millisecond), max(iv/4, time.Millisecond))
+			}
+			next = time.Now().Add(h.retry.NextBackOff())
+		}
+	}
+	conn := h.connection0()
+	r.mu.Lock()
+	h.busy = false
+	r.busy--
+	if ended || !h.live() {
+		if h.index >= 0 {
+			heap.Remove(&r.queue, h.index)
+		}
+	} else if h.index >= 0 {
+		if !confirmOnly {
+			h.renewAt = next
+		}
+		h.due = h.renewAt
+		if h.pokeReq || lost(conn) {
+			h.due = time.Now()
+		}
+		heap.Fix(&r.queue, h.index)
+		if r.conn == nil || lost(r.conn) {
+			r.conn = conn
+		}
+	}
+	r.mu.Unlock()
+	r.kick()
+}
+
+// renewHeap orders holdings by due.
+type renewHeap []*holding
+
+func (q renewHeap) Len() int           { return len(q) }
+func (q renewHeap) Less(i, j int) bool { return q[i].due.Before(q[j].due) }
+func (q renewHeap) Swap(i, j int) {
+	q[i], q[j] = q[j], q[i]
+	q[i].index = i
+	q[j].index = j
+}
+func (q *renewHeap) Push(x any) {
+	h := x.(*holding)
+	h.index = len(*q)
+	*q = append(*q, h)
+}
+func (q *renewHeap) Pop() any {
+	old := *q
+	n := len(old)
+	h := old[n-1]
+	old[n-1] = nil
+	h.index = -1
+	*q = old[:n-1]
+	return h
+}
+
+// scheduling is a holding's place in its renewer, guarded by the renewer's
+// mutex.
+type scheduling struct {
+	index   int       // in the heap; -1 when not in it
+	due     time.Time // when the renewer attends to it next
+	renewAt time.Time // when its next renewal is due
+	busy    bool      // a renewal (or confirmation) is in flight
+	pokeReq bool      // confirm the key now
+	retry   *backoff.ExponentialBackOff
+}
