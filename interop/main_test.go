@@ -36,6 +36,9 @@ var (
 	// storeLog collects the child's stderr and stdout, line by line. It is
 	// empty when the store is external (DSSLOCK_STATESTORE_ADDR).
 	storeLog = &lineLog{}
+	// storePID is the process id of the state store this suite started; 0
+	// when it is external.
+	storePID int
 )
 
 func TestMain(m *testing.M) {
@@ -162,6 +165,7 @@ func startStore(bin string) (*storeProcess, error) {
 	}
 
 	p := &storeProcess{cmd: cmd, cancel: cancel, exited: make(chan struct{})}
+	storePID = cmd.Process.Pid
 	addrCh := make(chan string, 1)
 	scanned := make(chan struct{})
 	go func() {

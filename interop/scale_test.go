@@ -1,0 +1,389 @@
+package interop
+
+// Benchmarks of cost as the number of locks, elections and waiters grows,
+// dsslock beside the SDK where the SDK has the feature. Each runs once per
+// invocation (use -benchtime=1x) and measures a window of steady state, set
+// by DSSLOCK_SCALE_WINDOW (default 20s); the sizes come from
+// DSSLOCK_SCALE_LOCKS (default 1000; a comma-separated list runs each). For
+// example, the figures of 10,000 locks over a minute:
+//
+//	DSSLOCK_SCALE_LOCKS=10000 DSSLOCK_SCALE_WINDOW=1m \
+//	    go test -run '^$' -bench ManyLocks -benchtime=1x -timeout 30m
+//
+// CPU is reported in seconds per minute of the window: the client's is this
+// process's (only one side runs at a time), the store's that of the
+// statestore process TestMain started (not reported for an external store).
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/Azure/iot-operations-sdks/go/services/leasedlock"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/dsslock/dsslock/leader"
+	"github.com/dsslock/dsslock/lock"
+	"github.com/dsslock/dsslock/sskv"
+)
+
+// scaleWindow is how long a scale benchmark measures steady state.
+func scaleWindow(b *testing.B) time.Duration {
+	if v := os.Getenv("DSSLOCK_SCALE_WINDOW"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			b.Fatalf("DSSLOCK_SCALE_WINDOW=%q: %v", v, err)
+		}
+		return d
+	}
+	return 20 * time.Second
+}
+
+// scaleSizes returns the sizes in the environment variable name, or def.
+func scaleSizes(b *testing.B, name string, def ...int) []int {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	var ns []int
+	for _, f := range strings.Split(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			b.Fatalf("%s=%q: not a list of positive numbers", name, v)
+		}
+		ns = append(ns, n)
+	}
+	return ns
+}
+
+// cpuMeter measures the CPU time of this process and of the store process.
+type cpuMeter struct {
+	start      time.Time
+	self, peer time.Duration
+}
+
+func startCPU() cpuMeter {
+	return cpuMeter{start: time.Now(), self: selfCPU(), peer: procCPU(storePID)}
+}
+
+// report reports both CPU times per minute of wall time since start.
+func (m cpuMeter) report(b *testing.B) {
+	wall := time.Since(m.start).Minutes()
+	b.ReportMetric((selfCPU()-m.self).Seconds()/wall, "client-cpu-s/min")
+	if storePID != 0 {
+		b.ReportMetric((procCPU(storePID)-m.peer).Seconds()/wall, "store-cpu-s/min")
+	}
+}
+
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// procCPU returns the user and system CPU time of process pid, from
+// /proc/pid/stat (Linux; 0 elsewhere).
+func procCPU(pid int) time.Duration {
+	if pid == 0 {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	const clkTck = 100 // USER_HZ on Linux
+	return time.Duration(ut+st) * time.Second / clkTck
+}
+
+// footprint is this process's goroutines and live heap.
+type footprint struct {
+	goroutines int
+	heap       uint64
+}
+
+func measure() footprint {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return footprint{goroutines: runtime.NumGoroutine(), heap: ms.HeapAlloc}
+}
+
+// reportPer reports the goroutines and heap bytes between before and after,
+// per one of n things.
+func reportPer(b *testing.B, before, after footprint, n int, what string) {
+	b.ReportMetric(float64(after.goroutines-before.goroutines)/float64(n), "goroutines/"+what)
+	b.ReportMetric((float64(after.heap)-float64(before.heap))/float64(n), "heap-B/"+what)
+}
+
+// latencies collects durations from many goroutines.
+type latencies struct {
+	mu sync.Mutex
+	ds []time.Duration
+}
+
+func (l *latencies) add(d time.Duration) {
+	l.mu.Lock()
+	l.ds = append(l.ds, d)
+	l.mu.Unlock()
+}
+
+func (l *latencies) take() []time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ds := l.ds
+	l.ds = nil
+	return ds
+}
+
+// countMissing counts the keys that are not held by the holder that took
+// them: missing, or someone else's.
+func countMissing(ctx context.Context, c *sskv.Client, keys []string, holders []string) (int, error) {
+	var mu sync.Mutex
+	missing := 0
+	g, ctx := errgroup.WithContext(ctx)
+	g.SetLimit(64)
+	for i, k := range keys {
+		g.Go(func() error {
+			res, err := c.Get(ctx, k)
+			if err != nil {
+				return err
+			}
+			if !res.Found || !strings.HasPrefix(string(res.Value), holders[i]) {
+				mu.Lock()
+				missing++
+				mu.Unlock()
+			}
+			return nil
+		})
+	}
+	return missing, g.Wait()
+}
+
+// BenchmarkManyLocks: n locks (TTL 10 s, default renewal) held on one
+// client for the window. Reported: CPU per minute of the client process
+// and of the store, goroutines and heap per held lock (after all were
+// taken, over before), the renewals' latency (dsslock: as OnRenewal reports
+// it; the SDK does not expose it) and how many keys were lost by the end
+// (not held by the holder that took them).
+func BenchmarkManyLocks(b *testing.B) {
+	const ttl = 10 * time.Second
+	window := scaleWindow(b)
+	for _, n := range scaleSizes(b, "DSSLOCK_SCALE_LOCKS", 1000) {
+		b.Run(fmt.Sprintf("dsslock/locks=%d", n), func(b *testing.B) {
+			e := newBenchEnv(b)
+			checker := e.ourClient("checker")
+			before := measure()
+			c := e.ourClient("holder")
+			var lat latencies
+			var renewErrs sync.Map
+			ls := make([]*lock.Lock, n)
+			keys := make([]string, n)
+			ids := make([]string, n)
+			for i := range ls {
+				keys[i] = e.key(fmt.Sprintf("l%d", i))
+				l, err := lock.New(c, lock.Config{Name: keys[i], TTL: ttl, OnRenewal: func(d time.Duration, err error) {
+					lat.add(d)
+					if err != nil {
+						renewErrs.Store(i, err)
+					}
+				}})
+				if err != nil {
+					b.Fatal(err)
+				}
+				ls[i], ids[i] = l, l.HolderID()
+			}
+			g, ctx := errgroup.WithContext(e.ctx)
+			g.SetLimit(64)
+			for _, l := range ls {
+				g.Go(func() error {
+					if ok, err := l.TryLock(ctx); !ok || err != nil {
+						return fmt.Errorf("TryLock = %v, %v", ok, err)
+					}
+					return nil
+				})
+			}
+			if err := g.Wait(); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			held := measure()
+			reportPer(b, before, held, n, "lock")
+			cpu := startCPU()
+			lat.take() // from the window only
+			time.Sleep(window)
+			cpu.report(b)
+			reportPercentiles(b, lat.take(), "renew-ms")
+			b.StopTimer()
+			lost := 0
+			for _, l := range ls {
+				if l.Err() != nil {
+					lost++
+				}
+			}
+			missing, err := countMissing(e.ctx, checker, keys, ids)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(float64(lost), "lost")
+			b.ReportMetric(float64(missing), "keys-lost")
+			g, ctx = errgroup.WithContext(e.ctx)
+			g.SetLimit(64)
+			for _, l := range ls {
+				g.Go(func() error { return l.Close(ctx) })
+			}
+			_ = g.Wait()
+		})
+		b.Run(fmt.Sprintf("sdk/locks=%d", n), func(b *testing.B) {
+			e := newBenchEnv(b)
+			checker := e.ourClient("checker")
+			before := measure()
+			c := e.newClient("holder")
+			ls := make([]*leasedlock.Lease[string, string], n)
+			keys := make([]string, n)
+			ids := make([]string, n)
+			for i := range ls {
+				keys[i] = e.key(fmt.Sprintf("l%d", i))
+				ls[i], ids[i] = leasedlock.NewLease(c.ss, keys[i]), c.id
+			}
+			g, ctx := errgroup.WithContext(e.ctx)
+			g.SetLimit(64)
+			for _, l := range ls {
+				g.Go(func() error {
+					if ok, err := l.Acquire(ctx, ttl, leasedlock.WithRenew(ttl/3)); !ok || err != nil {
+						return fmt.Errorf("Acquire = %v, %v", ok, err)
+					}
+					return nil
+				})
+			}
+			if err := g.Wait(); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			held := measure()
+			reportPer(b, before, held, n, "lock")
+			cpu := startCPU()
+			time.Sleep(window)
+			cpu.report(b)
+			b.StopTimer()
+			missing, err := countMissing(e.ctx, checker, keys, ids)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(float64(missing), "keys-lost")
+			// Release after WithRenew leaves the SDK's renew goroutine
+			// spinning (see BenchmarkWaiterRequests): its client's cleanup
+			// ends them.
+		})
+	}
+}
+
+// BenchmarkManyElections: e elections (TTL 10 s, default renewal), each
+// with 3 candidates on 3 clients shared by all elections; one candidate
+// of each election leads, two wait in Campaign. Reported: goroutines and heap
+// per election that the library adds (the goroutines this benchmark
+// blocks in Campaign are not counted), CPU per minute of the client
+// process and the store, the leaders' renewal latency, and how the
+// leaderships fall on the candidates (most and fewest led by one).
+// dsslock only: the SDK has no leader election.
+func BenchmarkManyElections(b *testing.B) {
+	window := scaleWindow(b)
+	for _, n := range scaleSizes(b, "DSSLOCK_SCALE_ELECTIONS", 1000) {
+		b.Run(fmt.Sprintf("dsslock/elections=%d", n), func(b *testing.B) {
+			e := newBenchEnv(b)
+			before := measure()
+			var cs [3]*sskv.Client
+			for i := range cs {
+				cs[i] = e.ourClient(fmt.Sprintf("candidate%d", i))
+			}
+			var lat latencies
+			metrics := leader.WithMetrics(leader.Metrics{Renewal: func(d time.Duration, _ error) { lat.add(d) }})
+			ctx, cancel := context.WithCancel(e.ctx)
+			defer cancel()
+			var (
+				mu      sync.Mutex
+				terms   []*leader.Term
+				led     [3]int
+				waiting sync.WaitGroup
+				elected = make(chan struct{}, 3*n)
+			)
+			for i := range n {
+				name := e.key(fmt.Sprintf("e%d", i))
+				for k, c := range cs {
+					waiting.Add(1)
+					go func() {
+						defer waiting.Done()
+						t, err := leader.Campaign(ctx, c, name, nil, metrics)
+						if err != nil {
+							return
+						}
+						mu.Lock()
+						terms = append(terms, t)
+						led[k]++
+						mu.Unlock()
+						elected <- struct{}{}
+					}()
+				}
+			}
+			for range n {
+				<-elected
+			}
+			// Let the followers settle on their watches (a follower's wait
+			// has no signal for that), then measure: the n leaders'
+			// goroutines have returned, the 2n followers' are blocked in
+			// Campaign.
+			time.Sleep(2 * time.Second)
+			b.ResetTimer()
+			held := measure()
+			held.goroutines -= 2 * n
+			reportPer(b, before, held, n, "election")
+			cpu := startCPU()
+			lat.take()
+			time.Sleep(window)
+			cpu.report(b)
+			reportPercentiles(b, lat.take(), "renew-ms")
+			b.StopTimer()
+			mu.Lock()
+			most, fewest := max(led[0], led[1], led[2]), min(led[0], led[1], led[2])
+			lostTerms := 0
+			for _, t := range terms {
+				if t.Err() != nil {
+					lostTerms++
+				}
+			}
+			ts := terms
+			mu.Unlock()
+			b.ReportMetric(float64(most), "most-led")
+			b.ReportMetric(float64(fewest), "fewest-led")
+			b.ReportMetric(float64(lostTerms), "lost")
+			cancel()
+			waiting.Wait()
+			g, gctx := errgroup.WithContext(e.ctx)
+			g.SetLimit(64)
+			for _, t := range ts {
+				g.Go(func() error { return t.Resign(gctx) })
+			}
+			_ = g.Wait()
+		})
+	}
+}
