@@ -37,7 +37,7 @@ type Conn struct {
 	seq    uint64 // the session store's number of the connection
 	up     time.Time
 	outage bool
-	maxOut uint32 // the broker's Maximum Packet Size (CONNACK); 0: MQTT's limit
+	maxOut uint32              // the broker's Maximum Packet Size (CONNACK); 0: MQTT's limit
 	slots  *semaphore.Weighted // the broker's Receive Maximum (CONNACK): requests unacknowledged at once
 	lost   chan struct{}
 	once   sync.Once
