@@ -109,8 +109,12 @@ func (o *options) lockConfig(election string, value []byte) lock.Config {
 		RenewInterval: o.renewInterval,
 		RenewDeadline: o.renewDeadline,
 		FenceKey:      true,
-		Value:         value,
-		OnRenewal:     o.metrics.Renewal,
-		Logger:        o.logger,
+		// Candidates race for a free election, as before: an election has
+		// a few candidates, which need no order, and a queue would cost
+		// each follower a second watch.
+		Race:      true,
+		Value:     value,
+		OnRenewal: o.metrics.Renewal,
+		Logger:    o.logger,
 	}
 }

@@ -1,6 +1,10 @@
 package lock_test
 
 import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -152,4 +156,41 @@ func BenchmarkCrashTakeover(b *testing.B) {
 		ds = append(ds, time.Since(sent)-ttl)
 	}
 	reportPercentiles(b, ds, "ms-over-TTL")
+}
+
+// Waiters: n Locks on n clients, each holding the lock for 20 ms and
+// calling Lock again once another has it (see contend), for 2n handovers
+// or b.N, whichever is more. Reported: handover latency (from the start of
+// Unlock to the next Lock returning), requests per handover over the
+// second half (all clients, every waiter having entered), the most
+// acquisitions by others during one Lock call, and how many Locks never
+// acquired. Sizes: DSSLOCK_BENCH_WAITERS (default 10,400).
+func BenchmarkWaiters(b *testing.B) {
+	sizes := []int{10, 400}
+	if v := os.Getenv("DSSLOCK_BENCH_WAITERS"); v != "" {
+		sizes = nil
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(f)
+			if err != nil || n < 2 {
+				b.Fatalf("DSSLOCK_BENCH_WAITERS=%q", v)
+			}
+			sizes = append(sizes, n)
+		}
+	}
+	for _, n := range sizes {
+		b.Run(fmt.Sprintf("waiters=%d", n), func(b *testing.B) {
+			srv := startStore(b)
+			handovers := max(b.N, 2*n)
+			b.ResetTimer()
+			run := contend(b, srv, n, handovers, 20*time.Millisecond)
+			b.StopTimer()
+			reportPercentiles(b, run.handover, "handover-ms")
+			b.ReportMetric(float64(run.requests)/float64(run.measured), "reqs/handover")
+			b.ReportMetric(float64(run.maxOvertaken), "max-overtaken")
+			b.ReportMetric(float64(run.neverAcquired), "never-acquired")
+			if run.overlap {
+				b.Fatal("two Locks held the lock at once")
+			}
+		})
+	}
 }

@@ -67,6 +67,15 @@ type Config struct {
 	// say); it may be empty. Setting it without FenceKey is an error.
 	Value []byte
 
+	// Race makes Lock's waiters race for the lock each time it is released,
+	// as the SDK's waiters do, instead of queueing: a waiter then watches
+	// only the lock's key, and the winner of each release is whoever's SET
+	// reaches the store first. It suits a few waiters that need no order
+	// (package leader sets it: an election's candidates). Without it,
+	// waiters queue in the order they came (see Lock.Lock), at the cost of
+	// a second key, Name + "\x00queue", that every waiter watches.
+	Race bool
+
 	// OnRenewal, if set, is called after every renewal the Lock sends (not
 	// the acquisition) with how long it took and its error, if any: a hook for
 	// metrics. The calls are made in order, on a goroutine of their own and

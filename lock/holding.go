@@ -113,6 +113,14 @@ func (h *holding) record() []byte {
 	return h.rec
 }
 
+// hasLate reports whether confirm found a late record of this holding's
+// own in the key.
+func (h *holding) hasLate() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.late != nil
+}
+
 func (h *holding) live() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -41,6 +41,9 @@ type Lock struct {
 	undo []undoDel
 	// watch is the watch of a wait under way, if any. Guarded by the turn.
 	watch *waitWatch
+	// q is the Lock's view of the lock's queue while it waits, holds or has
+	// just held the lock (see queue.go); nil otherwise. Guarded by the turn.
+	q *queue
 
 	mu     sync.Mutex
 	cur    *holding // the latest holding; never nil (see notHeld)
@@ -160,7 +163,11 @@ func (l *Lock) Lock(ctx context.Context) error {
 	if err := l.begin(ctx); err != nil {
 		return err
 	}
-	if unknown, err := l.wait(ctx); err != nil {
+	wait := l.waitQueued
+	if l.cfg.Race {
+		wait = l.wait
+	}
+	if unknown, err := wait(ctx); err != nil {
 		if unknown {
 			l.abandonThenEnd()
 		} else {
@@ -230,6 +237,11 @@ func (l *Lock) Close(ctx context.Context) error {
 	var err error
 	if h := l.holding(); h.live() {
 		err = l.release(ctx)
+	}
+	if l.q != nil {
+		l.q.leave()
+		l.q.close()
+		l.q = nil
 	}
 	l.mu.Lock()
 	l.closed = true
@@ -345,6 +357,14 @@ func (l *Lock) Holder(ctx context.Context) (Holder, error) {
 
 // begin takes the Lock's turn for an acquisition or release.
 func (l *Lock) begin(ctx context.Context) error {
+	if l.life.Err() != nil { // closed, or closing: whatever ctx says
+		l.mu.Lock()
+		closed := l.closed
+		l.mu.Unlock()
+		if closed {
+			return l.wrap("", ErrClosed)
+		}
+	}
 	select {
 	case l.turn <- struct{}{}:
 	case <-ctx.Done():
@@ -378,6 +398,13 @@ func (l *Lock) holding() *holding {
 // first does not fence the key, so it cannot exclude a delayed request of
 // an earlier holding.
 func (l *Lock) attempt(ctx context.Context, cn *sskv.Conn) (bool, error) {
+	return l.attemptFenced(ctx, cn, hlc.Timestamp{})
+}
+
+// attemptFenced is attempt with the SET that takes the key fenced with ft
+// (unless zero): the token of the holder that reserved the key for this
+// Lock with FenceKey (see queue.go).
+func (l *Lock) attemptFenced(ctx context.Context, cn *sskv.Conn, ft hlc.Timestamp) (bool, error) {
 	if h := l.holding(); h.live() {
 		return false, ErrAlreadyHeld
 	}
@@ -393,8 +420,9 @@ func (l *Lock) attempt(ctx context.Context, cn *sskv.Conn) (bool, error) {
 	// would otherwise hold this Lock for the client's RequestTimeout.
 	actx, cancel := context.WithDeadline(ctx, sent.Add(l.cfg.RenewDeadline))
 	res, err := cn.Set(actx, l.cfg.Name, rec, sskv.SetOptions{
-		Condition: sskv.IfEqualOrNotExists,
-		Expiry:    l.cfg.TTL,
+		Condition:    sskv.IfEqualOrNotExists,
+		Expiry:       l.cfg.TTL,
+		FencingToken: ft,
 	})
 	cancel()
 	if err != nil && ctx.Err() == nil && actx.Err() != nil {
@@ -551,6 +579,31 @@ func (l *Lock) release(ctx context.Context) error {
 		return l.wrap("unlock", err)
 	}
 	defer stop()
+	var next joinEntry
+	handover := false
+	if l.q != nil {
+		next, handover = l.q.next()
+		defer l.q.release()
+	}
+	if handover && l.cfg.FenceKey && !h.hasLate() {
+		// One write hands the key to the longest waiter: the fence makes
+		// sure it replaces only this holding's own record.
+		_, err := conn.Set(ctx, l.cfg.Name, next.rec, sskv.SetOptions{Expiry: l.cfg.TTL, FencingToken: h.token})
+		switch {
+		case err == nil:
+			l.log.Info("released; handed over", "to", next.id)
+			return nil
+		case errors.Is(err, sskv.ErrFencingTokenLower):
+			l.log.Info("released; a newer holder has the key")
+			return nil
+		case lost(conn):
+			return l.wrap("unlock", fmt.Errorf("%w; the key is gone or expires within its TTL: %w", ErrNotReleased, err))
+		}
+		return l.wrap("unlock", err)
+	}
+	// Without a fence there is no write that replaces only this holding's
+	// record: the release deletes it, and the first waiter in the queue
+	// takes it (see queue.go).
 	res, err := conn.VDel(ctx, l.cfg.Name, h.record(), opts)
 	if err != nil && lost(conn) {
 		err = fmt.Errorf("%w; the key is gone or expires within its TTL: %w", ErrNotReleased, err)

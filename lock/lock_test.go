@@ -247,9 +247,10 @@ func TestWaitersSendNothingWhileHolderRenews(t *testing.T) {
 			}
 		})
 	}
-	// Entry costs a waiter four requests: the SET that finds the lock held,
-	// KEYNOTIFY and GET to watch the key, and the SET that checks again.
-	const entry = 4
+	// Entry costs a waiter seven requests: the SET that finds the lock
+	// held, KEYNOTIFY and GET to watch the queue and the key each, the SET
+	// that checks again, and the SET that joins the queue.
+	const entry = 7
 	for _, c := range clients {
 		waitFor(t, "the waiter's entry", func() bool { return srv.Requests(c.ID()) >= entry })
 	}

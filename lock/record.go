@@ -79,3 +79,7 @@ func (l *Lock) record(token hlc.Timestamp, value []byte) []byte {
 	b = append(b, '\n')
 	return append(b, value...)
 }
+
+// acqRecord is the record of this Lock's acquisitions: what its queue join
+// carries and a reservation for it writes.
+func (l *Lock) acqRecord() []byte { return l.record(hlc.Timestamp{}, l.value()) }

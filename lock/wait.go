@@ -9,6 +9,7 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 
+	"github.com/dsslock/dsslock/hlc"
 	"github.com/dsslock/dsslock/sskv"
 )
 
@@ -249,4 +250,186 @@ func newBackoff(initial, maxD time.Duration) *backoff.ExponentialBackOff {
 	b.MaxElapsedTime = 0
 	b.Reset()
 	return b
+}
+
+// queueGrace is how long a queued waiter lets each live waiter ahead of it
+// in its log take a lock that was freed without a handover (its holder
+// crashed, or did not know the queue) before it tries itself.
+func (l *Lock) queueGrace() time.Duration {
+	return min(max(l.cfg.TTL/50, 20*time.Millisecond), l.cfg.TTL)
+}
+
+// waitQueued acquires the lock as wait does, queueing behind the waiters
+// that came first (see queue.go). The caller has the turn.
+func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
+	if q := l.q; q == nil || q.over() {
+		// Not watching the queue: a free lock is taken with one request,
+		// as TryLock would.
+		cn, err := l.c.Connection(ctx)
+		if err != nil {
+			return false, err
+		}
+		if time.Now().After(l.holdOff(cn)) {
+			ok, err := l.attempt(ctx, cn)
+			unknown = err != nil && len(l.undo) > 0
+			switch {
+			case ok:
+				return false, nil
+			case err != nil && (ctx.Err() != nil || errors.Is(err, ErrAlreadyHeld) || errors.Is(err, sskv.ErrClosed) || refused(err)):
+				return unknown, err
+			}
+		}
+	}
+	q, err := l.engage(ctx)
+	if err != nil {
+		if ctx.Err() != nil || errors.Is(err, sskv.ErrClosed) || refused(err) {
+			return unknown, err
+		}
+		l.log.Debug("cannot watch the queue; racing for the lock instead", "error", err)
+		u, err := l.wait(ctx)
+		return unknown || u, err
+	}
+	acquired := false
+	defer func() {
+		if q := l.q; q != nil {
+			if acquired {
+				q.acquired() // held until the holding's release
+			} else {
+				// A waiter that gave up leaves no watch behind.
+				q.leave()
+				q.cancel()
+				l.q = nil
+			}
+		}
+	}()
+
+	retry := newBackoff(max(l.cfg.TTL/100, time.Millisecond), max(l.cfg.TTL/4, time.Millisecond))
+	var (
+		holdUntil time.Time
+		tried     bool // the first attempt (the lock may be free) was made
+		fresh     = true
+		retrying  bool // a failed request, or an attempt held off, waits for the timer
+		retryTry  bool // what waits is an attempt: make it when the timer fires
+		graced    bool // the grace timer fired since the key was freed
+	)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	grace := time.NewTimer(time.Hour)
+	grace.Stop()
+	defer grace.Stop()
+	graceSet := false
+	recheck := time.NewTimer(l.recheckAfter())
+	defer recheck.Stop()
+
+	fail := func(err error) (bool, error) {
+		if ctx.Err() != nil || errors.Is(err, ErrAlreadyHeld) || errors.Is(err, sskv.ErrClosed) || refused(err) {
+			return true, err
+		}
+		l.log.Debug("request failed while waiting; retrying", "error", err)
+		retrying = true
+		timer.Reset(retry.NextBackOff())
+		return false, nil
+	}
+	for {
+		st := q.state()
+		if st.ended {
+			// The watches ended (the service refused them after a
+			// reconnect): set them up again.
+			if l.q == q {
+				l.q = nil
+			}
+			if q, err = l.engage(ctx); err != nil {
+				return false, err
+			}
+			continue
+		}
+		if st.changed {
+			fresh = true
+			if !st.free {
+				graced, graceSet = false, false
+				grace.Stop()
+			}
+		}
+		try := false
+		switch {
+		case retrying:
+		case retryTry:
+			retryTry, try = false, true
+		case st.reserved && fresh:
+			try = true
+		case !tried && st.ahead == 0:
+			tried, try = true, true
+		case !st.queued || st.rejoin:
+			tried = true
+			if err := q.join(ctx); err != nil {
+				if stop, err := fail(err); stop {
+					return false, err
+				}
+				continue
+			}
+			retry.Reset()
+			continue
+		case st.free && fresh && (st.ahead == 0 || graced):
+			try = true
+		case st.free && !graceSet:
+			graceSet = true
+			grace.Reset(time.Duration(st.ahead) * l.queueGrace())
+		}
+		if try {
+			fresh = false
+			cn, err := l.c.Connection(ctx)
+			if err != nil {
+				return false, err
+			}
+			if until := l.holdOff(cn); until.After(holdUntil) {
+				holdUntil = until
+			}
+			if !st.unseen.IsZero() && st.unseen.Add(l.cfg.TTL).After(holdUntil) {
+				holdUntil = st.unseen.Add(l.cfg.TTL)
+			}
+			if !st.unseen.IsZero() && st.unseen.Add(l.cfg.TTL).After(holdUntil) {
+				holdUntil = st.unseen.Add(l.cfg.TTL)
+			}
+			if d := time.Until(holdUntil); d > 0 {
+				l.log.Debug("the key may still be held by a holder that lost it unseen; waiting", "for", d)
+				retrying, retryTry = true, true
+				timer.Reset(d)
+				continue
+			}
+			ft := hlc.Timestamp{}
+			if st.reserved && l.cfg.FenceKey {
+				ft = st.token
+			}
+			ok, err := l.attemptFenced(ctx, cn, ft)
+			unknown = err != nil && len(l.undo) > 0
+			recheck.Reset(l.recheckAfter())
+			switch {
+			case ok:
+				acquired = true
+				return false, nil
+			case err != nil:
+				if stop, err := fail(err); stop {
+					return unknown, err
+				}
+				retryTry = true
+			default:
+				retry.Reset()
+				q.sawHeld()
+			}
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return unknown, ctx.Err()
+		case <-q.sig:
+		case <-timer.C:
+			retrying, fresh = false, true
+		case <-grace.C:
+			graced, fresh = true, true
+		case <-recheck.C:
+			fresh = true
+			tried = false // check the lock anyway
+		}
+	}
 }
