@@ -69,14 +69,16 @@ type Watcher struct {
 	c      *Client
 	key    string
 	out    chan Event
-	wake   chan struct{} // buffered: the forwarder has something to do
 	done   chan struct{} // closed when the watcher ends
-	exited chan struct{} // closed when the forwarder has closed out
+	exited chan struct{} // closed when out is closed
+	max    int           // Config.WatchBuffer
 
 	// Guarded by c.wmu.
 	reg       *registration
-	q         []Event // ring buffer of pending events
+	q         []Event // ring buffer of pending events, grown up to max; nil while empty
 	head, n   int
+	running   bool // a forwarder goroutine runs: only while events are pending
+	outClosed bool
 	resync    bool     // a Resync event is owed after the queue
 	last      keyState // the state of the last event handed out (or the baseline), so that a Resync never repeats it
 	ended     bool
@@ -198,10 +200,9 @@ func (c *Client) attach(ctx context.Context, key string) (*Watcher, *registratio
 		key:    key,
 		reg:    reg,
 		out:    make(chan Event),
-		wake:   make(chan struct{}, 1),
 		done:   make(chan struct{}),
 		exited: make(chan struct{}),
-		q:      make([]Event, c.cfg.WatchBuffer),
+		max:    c.cfg.WatchBuffer,
 		last:   reg.known,
 	}
 	if reg.resyncing {
@@ -209,12 +210,6 @@ func (c *Client) attach(ctx context.Context, key string) (*Watcher, *registratio
 	}
 	reg.watchers = append(reg.watchers, w)
 	c.wmu.Unlock()
-	if !c.spawn(w.run) {
-		close(w.out)
-		close(w.exited)
-		w.end(ErrClosed, false)
-		return nil, nil, ErrClosed
-	}
 	return w, reg, nil
 }
 
@@ -614,6 +609,9 @@ func (w *Watcher) end(err error, unregister bool) {
 			c.stopping[reg.key] = stopped
 		}
 	}
+	if !w.running {
+		w.closeOut()
+	}
 	stopAfter := w.stopAfter
 	c.wmu.Unlock()
 	if stopAfter != nil {
@@ -664,13 +662,25 @@ func (w *Watcher) enqueue(ev Event) {
 	if w.ended {
 		return
 	}
-	if w.resync || w.n == len(w.q) {
+	if w.resync || w.n == w.max {
 		w.resync = true
 	} else {
+		if w.n == len(w.q) {
+			w.grow()
+		}
 		w.q[(w.head+w.n)%len(w.q)] = ev
 		w.n++
 	}
 	w.signal()
+}
+
+// grow doubles the ring buffer, up to max. The caller holds c.wmu.
+func (w *Watcher) grow() {
+	q := make([]Event, min(max(2, 2*len(w.q)), w.max))
+	for i := range w.n {
+		q[i] = w.q[(w.head+i)%len(w.q)]
+	}
+	w.q, w.head = q, 0
 }
 
 // markResync owes the watcher a Resync event. The caller holds c.wmu.
@@ -682,10 +692,23 @@ func (w *Watcher) markResync() {
 	w.signal()
 }
 
+// signal starts the forwarder unless it runs. The caller holds c.wmu.
 func (w *Watcher) signal() {
-	select {
-	case w.wake <- struct{}{}:
-	default:
+	if w.running || w.outClosed {
+		return
+	}
+	w.running = true
+	if !w.c.spawn(w.run) {
+		w.running = false // Close has started: it ends the watcher
+	}
+}
+
+// closeOut closes the Events channel once. The caller holds c.wmu.
+func (w *Watcher) closeOut() {
+	if !w.outClosed {
+		w.outClosed = true
+		close(w.out)
+		close(w.exited)
 	}
 }
 
@@ -696,6 +719,9 @@ func (w *Watcher) next() (Event, bool) {
 		w.q[w.head] = Event{}
 		w.head = (w.head + 1) % len(w.q)
 		w.n--
+		if w.n == 0 {
+			w.q, w.head = nil, 0 // an idle watcher keeps no buffer
+		}
 		w.last = keyState{exists: ev.Op == OpSet, version: ev.Version}
 		return ev, true
 	}
@@ -721,25 +747,33 @@ func (w *Watcher) next() (Event, bool) {
 	return Event{}, false
 }
 
-// run forwards the watcher's events to its channel until it ends.
+// run forwards the watcher's pending events to its channel, and returns
+// when there are none (signal starts it again) or the watcher ends. An idle
+// watcher costs no goroutine.
 func (w *Watcher) run() {
-	defer close(w.exited)
-	defer close(w.out)
 	for {
 		w.c.wmu.Lock()
-		ev, ok := w.next()
-		w.c.wmu.Unlock()
-		if !ok {
-			select {
-			case <-w.wake:
-				continue
-			case <-w.done:
-				return
-			}
+		var ev Event
+		ok := false
+		if !w.ended {
+			ev, ok = w.next()
 		}
+		if !ok {
+			w.running = false
+			if w.ended {
+				w.closeOut()
+			}
+			w.c.wmu.Unlock()
+			return
+		}
+		w.c.wmu.Unlock()
 		select {
 		case w.out <- ev:
 		case <-w.done:
+			w.c.wmu.Lock()
+			w.running = false
+			w.closeOut()
+			w.c.wmu.Unlock()
 			return
 		}
 	}

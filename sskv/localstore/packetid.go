@@ -66,13 +66,18 @@ func renumberInbound(cl *mqtt.Client, pk packets.Packet) packets.Packet {
 }
 
 // spareID returns a packet id that no in-flight message of cl has, and that
-// the broker is the least likely to give a new message: the broker takes the
-// first free id after the last one it gave (last), wrapping at 65535, so the
-// free id closest before last is the one it reaches last. It would need all
-// but one of the 65535 ids in flight at once to reach it, more than
-// MaxPendingMessages allows.
+// the broker will not give a new message for a long time: the broker takes
+// the first free id after the last one it gave (last), wrapping at 65535, so
+// the id half the ring away from last is one it reaches only after giving
+// about 32,768 more, far more than a client can be sent while one of its
+// requests is handled. The ids of the messages in flight to the client
+// trail last (at most MaxPendingMessages of them), so that id is free
+// unless the client has about 32,768 messages unacknowledged, and the
+// search costs one lookup: a scan back from last cost one lookup per
+// message in flight, on every request, which made a burst of K requests
+// cost O(K^2).
 func spareID(cl *mqtt.Client, last uint16) (uint16, bool) {
-	id := last
+	id := last + 1<<15
 	for range 65535 {
 		if id != 0 {
 			if _, used := cl.State.Inflight.Get(id); !used {
