@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -357,6 +358,7 @@ func BenchmarkManyElections(b *testing.B) {
 			held := measure()
 			held.goroutines -= 2 * n
 			reportPer(b, before, held, n, "election")
+			writeHeapProfile(b)
 			cpu := startCPU()
 			lat.take()
 			time.Sleep(window)
@@ -385,5 +387,22 @@ func BenchmarkManyElections(b *testing.B) {
 			}
 			_ = g.Wait()
 		})
+	}
+}
+
+// writeHeapProfile writes the heap profile to the file that
+// DSSLOCK_SCALE_HEAPPROFILE names, if any: what the steady state holds.
+func writeHeapProfile(b *testing.B) {
+	path := os.Getenv("DSSLOCK_SCALE_HEAPPROFILE")
+	if path == "" {
+		return
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		b.Fatal(err)
 	}
 }

@@ -38,9 +38,11 @@ type Config struct {
 	// lock that long after this one's last successful renewal.
 	TTL time.Duration
 
-	// RenewInterval is how long after each successful renewal (or the
-	// acquisition) the next renewal is sent. A failed renewal is retried
-	// sooner, with a short jittered backoff, until RenewDeadline.
+	// RenewInterval is how long after each successful renewal the next
+	// renewal is sent, less up to a tenth at random; the first one falls
+	// at random in its second half, so that locks taken together do not
+	// renew together. A failed renewal is retried sooner, with a short
+	// jittered backoff, until RenewDeadline.
 	RenewInterval time.Duration
 
 	// RenewDeadline is how long after sending the last successful renewal

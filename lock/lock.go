@@ -132,11 +132,15 @@ func (l *Lock) TryLock(ctx context.Context) (bool, error) {
 // holds it. When it returns nil, this Lock holds the key, with at least
 // RenewDeadline before it could be lost.
 //
-// A free lock costs one request. Otherwise the Lock watches the key
-// (KEYNOTIFY) and sleeps until it is deleted (released or expired), then
-// tries at once; it sends no request while the holder keeps renewing. After a
-// reconnect, or if notifications were lost, it checks again at once, and as a
-// safeguard it checks after 10 TTLs without news.
+// A free lock costs one request. Otherwise the Lock joins the lock's queue
+// and watches it and the key (KEYNOTIFY), and sleeps until its turn: the
+// key is deleted (released or expired) and no waiter that came before it is
+// still waiting, or the holder hands the key to it. It sends no request
+// while the holder keeps renewing. Waiters are served in the order they
+// came, and a Lock call is overtaken at most 2N times with N other waiters
+// (see the package documentation; Config.Race turns the queue off). After a
+// reconnect, or if notifications were lost, it checks again at once, and as
+// a safeguard it checks after 10 TTLs without news.
 //
 // A waiter never takes a key that someone may still believe they hold.
 // The store may have restarted, and lost the key, while the client was
