@@ -23,6 +23,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -34,6 +35,14 @@ import (
 	"github.com/dsslock/dsslock/lock"
 	"github.com/dsslock/dsslock/sskv"
 )
+
+// newScaleEnv is newBenchEnv with room for a window of steady state.
+func newScaleEnv(b *testing.B, window time.Duration) *env {
+	b.Helper()
+	e := newEnvTimeout(b, window+benchTimeout)
+	e.quiet = true
+	return e
+}
 
 // scaleWindow is how long a scale benchmark measures steady state.
 func scaleWindow(b *testing.B) time.Duration {
@@ -192,10 +201,25 @@ func BenchmarkManyLocks(b *testing.B) {
 	window := scaleWindow(b)
 	for _, n := range scaleSizes(b, "DSSLOCK_SCALE_LOCKS", 1000) {
 		b.Run(fmt.Sprintf("dsslock/locks=%d", n), func(b *testing.B) {
-			e := newBenchEnv(b)
+			e := newScaleEnv(b, window)
 			checker := e.ourClient("checker")
 			before := measure()
-			c := e.ourClient("holder")
+			var drops atomic.Int64
+			var lastDrop atomic.Value
+			c, err := sskv.Dial(e.ctx, sskv.Config{
+				Addr:     storeAddress(),
+				ClientID: fmt.Sprintf("dsslock-holder-%s", randHex(4)),
+				Metrics: sskv.Metrics{ConnectionDown: func(_ uint64, cause error) {
+					drops.Add(1)
+					if cause != nil {
+						lastDrop.Store(cause.Error())
+					}
+				}},
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { _ = c.Close() })
 			var lat latencies
 			var renewErrs sync.Map
 			ls := make([]*lock.Lock, n)
@@ -247,6 +271,10 @@ func BenchmarkManyLocks(b *testing.B) {
 				b.Fatal(err)
 			}
 			b.ReportMetric(float64(lost), "lost")
+			b.ReportMetric(float64(drops.Load()), "conn-lost")
+			if v := lastDrop.Load(); v != nil {
+				b.Logf("last connection lost: %v", v)
+			}
 			b.ReportMetric(float64(missing), "keys-lost")
 			g, ctx = errgroup.WithContext(e.ctx)
 			g.SetLimit(64)
@@ -256,7 +284,7 @@ func BenchmarkManyLocks(b *testing.B) {
 			_ = g.Wait()
 		})
 		b.Run(fmt.Sprintf("sdk/locks=%d", n), func(b *testing.B) {
-			e := newBenchEnv(b)
+			e := newScaleEnv(b, window)
 			checker := e.ourClient("checker")
 			before := measure()
 			c := e.newClient("holder")
@@ -311,7 +339,7 @@ func BenchmarkManyElections(b *testing.B) {
 	window := scaleWindow(b)
 	for _, n := range scaleSizes(b, "DSSLOCK_SCALE_ELECTIONS", 1000) {
 		b.Run(fmt.Sprintf("dsslock/elections=%d", n), func(b *testing.B) {
-			e := newBenchEnv(b)
+			e := newScaleEnv(b, window)
 			before := measure()
 			var cs [3]*sskv.Client
 			for i := range cs {

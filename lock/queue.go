@@ -276,16 +276,33 @@ func (q *queue) applyLock(ev sskv.Event) {
 	q.free, q.held = false, true
 	q.value, q.version = bytes.Clone(ev.Value), ev.Version
 	h := ParseHolder(ev.Value, ev.Version)
-	if h.ID == "" || ev.Resync || bytes.Equal(ev.Value, q.l.acqRecord()) {
+	if h.ID == "" || bytes.Equal(ev.Value, q.l.acqRecord()) {
 		return // a reservation for this Lock is not its service yet
 	}
 	served := q.remove(h.ID, ev.Version)
+	if served.IsZero() {
+		return // not a waiter of the log: a holder that did not queue
+	}
 	if h.ID != q.l.cfg.HolderID && !q.mine.IsZero() && served.After(q.mine) {
 		q.skipped = true
 	}
 	if h.ID == q.l.cfg.HolderID {
 		q.mine = hlc.Timestamp{}
 	}
+	// Waiters are served in order, so the joins before the one served are
+	// done with: served already (this log missed it, in a Resync) or
+	// skipped (and such a waiter joins again). Dropping them keeps a stale
+	// entry from holding up the first waiter's try.
+	kept := q.joins[:0]
+	for _, j := range q.joins {
+		if j.version.After(served) {
+			kept = append(kept, j)
+		} else if j.id == q.l.cfg.HolderID {
+			q.skipped = true
+		}
+	}
+	clear(q.joins[len(kept):])
+	q.joins = kept
 }
 
 // queueState is what a waiter decides by.

@@ -47,13 +47,16 @@ func newConn(c *Client, gen, seq uint64, outage bool, recvMax uint16) *Conn {
 	if recvMax == 0 {
 		recvMax = 65535 // MQTT's default when CONNACK has none
 	}
+	// Half of it: paho gives its own slot back a moment after Publish
+	// returns, so a client that used every slot would still wait in paho's
+	// queue now and then.
 	return &Conn{c: c, gen: gen, seq: seq, up: time.Now(), outage: outage,
-		slots: semaphore.NewWeighted(int64(recvMax)), lost: make(chan struct{})}
+		slots: semaphore.NewWeighted(int64(max(recvMax/2, 1))), lost: make(chan struct{})}
 }
 
 // acquireSlot waits, as long as ctx allows and the connection lasts, until
-// fewer than the broker's Receive Maximum of this connection's requests are
-// unacknowledged, and takes a slot; releaseSlot gives it back once paho has
+// fewer than half the broker's Receive Maximum of this connection's requests
+// are unacknowledged, and takes a slot; releaseSlot gives it back once paho has
 // the PUBACK (or gave up). paho enforces the same limit, but waiting in its
 // queue is what it cannot end cleanly: a request whose context ends just as
 // its turn comes is reported on stdout. Waiting here, no request reaches

@@ -2,10 +2,17 @@ package localstore_test
 
 import (
 	"context"
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+	"strconv"
 	"testing"
 	"time"
 
+	"github.com/eclipse/paho.golang/packets"
 	"github.com/eclipse/paho.golang/paho"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/dsslock/dsslock/hlc"
 	"github.com/dsslock/dsslock/internal/rawmqtt"
@@ -118,4 +125,104 @@ func BenchmarkExpiry(b *testing.B) {
 	}
 	b.ReportMetric(float64(late.Microseconds())/float64(n)/1000, "late-ms")
 	b.ReportMetric(float64(worst.Microseconds())/1000, "worst-late-ms")
+}
+
+// memFootprint is the heap in use and the goroutine stacks, after GC.
+func memFootprint() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc + ms.StackInuse
+}
+
+// benchSize is the size in the environment variable name, or def.
+func benchSize(b *testing.B, name string, def int) int {
+	if v := os.Getenv(name); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			b.Fatalf("%s=%q", name, v)
+		}
+		return n
+	}
+	return def
+}
+
+// BenchmarkKeyCost: what a stored key costs the store: n keys of 16 bytes
+// with 32-byte values, set through one connection (64 requests in flight),
+// heap and stacks after GC over before, per key. n is
+// DSSLOCK_BENCH_KEYS (default 100,000; the figure of the scale issue is
+// 1,000,000).
+func BenchmarkKeyCost(b *testing.B) {
+	n := benchSize(b, "DSSLOCK_BENCH_KEYS", 100_000)
+	for b.Loop() {
+		srv, err := localstore.Start(localstore.Config{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx := context.Background()
+		c, err := rawmqtt.Dial(ctx, srv.Addr(), "bench-keys")
+		if err != nil {
+			b.Fatal(err)
+		}
+		clock, _ := hlc.NewClock("bench-keys")
+		before := memFootprint()
+		var g errgroup.Group
+		g.SetLimit(64)
+		value := make([]byte, 32)
+		for i := range n {
+			g.Go(func() error {
+				key := fmt.Appendf(nil, "key-%012d", i)
+				set := resp.AppendCommand(nil, []byte("SET"), key, value)
+				_, err := c.Request(ctx, wire.InvokeTopic, set, paho.UserProperties{{Key: wire.PropTimestamp, Value: clock.Now().String()}})
+				return err
+			})
+		}
+		if err := g.Wait(); err != nil {
+			b.Fatal(err)
+		}
+		after := memFootprint()
+		b.ReportMetric(float64(after-before)/float64(n), "B/key")
+		c.Close()
+		_ = srv.Close()
+	}
+}
+
+// BenchmarkIdleConnectionCost: what an idle MQTT v5 connection costs the
+// store: n bare connections (a CONNECT on a TCP socket, no client library
+// on this side), heap and stacks after GC over before, per connection. n
+// is DSSLOCK_BENCH_CONNS (default 1,000).
+func BenchmarkIdleConnectionCost(b *testing.B) {
+	n := benchSize(b, "DSSLOCK_BENCH_CONNS", 1000)
+	for b.Loop() {
+		srv, err := localstore.Start(localstore.Config{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		before := memFootprint()
+		conns := make([]net.Conn, 0, n)
+		for i := range n {
+			nc, err := net.Dial("tcp", srv.Addr())
+			if err != nil {
+				b.Fatal(err)
+			}
+			conns = append(conns, nc)
+			cp := packets.NewControlPacket(packets.CONNECT)
+			cc := cp.Content.(*packets.Connect)
+			cc.ProtocolName, cc.ProtocolVersion = "MQTT", 5
+			cc.ClientID, cc.CleanStart, cc.KeepAlive = fmt.Sprintf("idle-%d", i), true, 600
+			if _, err := cp.WriteTo(nc); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := packets.ReadPacket(nc); err != nil { // CONNACK
+				b.Fatal(err)
+			}
+		}
+		after := memFootprint()
+		b.ReportMetric(float64(after-before)/float64(n), "B/conn")
+		for _, nc := range conns {
+			_ = nc.Close()
+		}
+		_ = srv.Close()
+	}
 }
