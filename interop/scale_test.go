@@ -166,6 +166,33 @@ func (l *latencies) take() []time.Duration {
 	return ds
 }
 
+// holdWindow reports what the n locks just taken cost over before, calls
+// start, and reports the CPU used over the window that follows.
+func holdWindow(b *testing.B, before footprint, n int, window time.Duration, start func()) {
+	b.ResetTimer()
+	reportPer(b, before, measure(), n, "lock")
+	cpu := startCPU()
+	start()
+	time.Sleep(window)
+	cpu.report(b)
+}
+
+// acquireAll takes n locks with acquire, 64 at a time, and fails if one
+// was not taken.
+func acquireAll(ctx context.Context, n int, acquire func(ctx context.Context, i int) (bool, error)) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.SetLimit(64)
+	for i := range n {
+		g.Go(func() error {
+			if ok, err := acquire(ctx, i); !ok || err != nil {
+				return fmt.Errorf("lock %d: acquired %v, %v", i, ok, err)
+			}
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
 // countMissing counts the keys that are not held by the holder that took
 // them: missing, or someone else's.
 func countMissing(ctx context.Context, c *sskv.Client, keys []string, holders []string) (int, error) {
@@ -238,26 +265,12 @@ func BenchmarkManyLocks(b *testing.B) {
 				}
 				ls[i], ids[i] = l, l.HolderID()
 			}
-			g, ctx := errgroup.WithContext(e.ctx)
-			g.SetLimit(64)
-			for _, l := range ls {
-				g.Go(func() error {
-					if ok, err := l.TryLock(ctx); !ok || err != nil {
-						return fmt.Errorf("TryLock = %v, %v", ok, err)
-					}
-					return nil
-				})
-			}
-			if err := g.Wait(); err != nil {
+			if err := acquireAll(e.ctx, len(ls), func(ctx context.Context, i int) (bool, error) {
+				return ls[i].TryLock(ctx)
+			}); err != nil {
 				b.Fatal(err)
 			}
-			b.ResetTimer()
-			held := measure()
-			reportPer(b, before, held, n, "lock")
-			cpu := startCPU()
-			lat.take() // from the window only
-			time.Sleep(window)
-			cpu.report(b)
+			holdWindow(b, before, n, window, func() { lat.take() }) // latencies of the window only
 			reportPercentiles(b, lat.take(), "renew-ms")
 			b.StopTimer()
 			lost := 0
@@ -276,7 +289,7 @@ func BenchmarkManyLocks(b *testing.B) {
 				b.Logf("last connection lost: %v", v)
 			}
 			b.ReportMetric(float64(missing), "keys-lost")
-			g, ctx = errgroup.WithContext(e.ctx)
+			g, ctx := errgroup.WithContext(e.ctx)
 			g.SetLimit(64)
 			for _, l := range ls {
 				g.Go(func() error { return l.Close(ctx) })
@@ -295,25 +308,12 @@ func BenchmarkManyLocks(b *testing.B) {
 				keys[i] = e.key(fmt.Sprintf("l%d", i))
 				ls[i], ids[i] = leasedlock.NewLease(c.ss, keys[i]), c.id
 			}
-			g, ctx := errgroup.WithContext(e.ctx)
-			g.SetLimit(64)
-			for _, l := range ls {
-				g.Go(func() error {
-					if ok, err := l.Acquire(ctx, ttl, leasedlock.WithRenew(ttl/3)); !ok || err != nil {
-						return fmt.Errorf("Acquire = %v, %v", ok, err)
-					}
-					return nil
-				})
-			}
-			if err := g.Wait(); err != nil {
+			if err := acquireAll(e.ctx, len(ls), func(ctx context.Context, i int) (bool, error) {
+				return ls[i].Acquire(ctx, ttl, leasedlock.WithRenew(ttl/3))
+			}); err != nil {
 				b.Fatal(err)
 			}
-			b.ResetTimer()
-			held := measure()
-			reportPer(b, before, held, n, "lock")
-			cpu := startCPU()
-			time.Sleep(window)
-			cpu.report(b)
+			holdWindow(b, before, n, window, func() {})
 			b.StopTimer()
 			missing, err := countMissing(e.ctx, checker, keys, ids)
 			if err != nil {
