@@ -171,8 +171,10 @@ func TestReceiveMaximum(t *testing.T) {
 	if most > recvMax {
 		t.Fatalf("%d PUBLISHes unacknowledged at once, over the server's Receive Maximum %d", most, recvMax)
 	}
-	if most < recvMax {
-		t.Fatalf("only %d PUBLISHes in flight: the test did not reach the limit", most)
+	// The client itself keeps to half of it (see Conn.acquireSlot); a
+	// request abandoned by its context frees its slot before its PUBACK.
+	if most < recvMax/2 {
+		t.Fatalf("only %d PUBLISHes in flight: the test did not reach the client's limit", most)
 	}
 }
 
