@@ -43,7 +43,7 @@
 // watches the queue key and the lock's key (KEYNOTIFY), so each knows the
 // order, and who has been served. When the key is released or expires, only
 // the first waiter tries; the others let a grace pass per waiter ahead of
-// them (TTL/50, at least 20 ms) in case it is gone. A FenceKey holder hands
+// them (TTL/50, at least 20 ms; at most four graces) in case it is gone. A FenceKey holder hands
 // the key to the first waiter in one fenced SET (a reservation only that
 // waiter can take). A holder that calls Lock again right after Unlock joins
 // behind the waiters.

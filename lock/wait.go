@@ -259,6 +259,10 @@ func (l *Lock) queueGrace() time.Duration {
 	return min(max(l.cfg.TTL/50, 20*time.Millisecond), l.cfg.TTL)
 }
 
+// maxGraces bounds how many graces a waiter lets pass before it tries a
+// lock freed without a handover.
+const maxGraces = 4
+
 // waitQueued acquires the lock as wait does, queueing behind the waiters
 // that came first (see queue.go). The caller has the turn.
 func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
@@ -374,7 +378,11 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 			try = true
 		case st.free && !graceSet:
 			graceSet = true
-			grace.Reset(time.Duration(st.ahead) * l.queueGrace())
+			// At most a few graces: the log of a waiter far back may still
+			// count waiters that are gone (their service or leave was
+			// coalesced into a Resync), and the first waiter, if it is
+			// there, has taken the key long before.
+			grace.Reset(time.Duration(min(st.ahead, maxGraces)) * l.queueGrace())
 		}
 		if try {
 			fresh = false
@@ -428,8 +436,9 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 		case <-grace.C:
 			graced, fresh = true, true
 		case <-recheck.C:
-			fresh = true
-			tried = false // check the lock anyway
+			// The safeguard: try anyway, whatever the log says, so that
+			// a log gone wrong cannot keep this waiter from a free lock.
+			fresh, retryTry = true, true
 		}
 	}
 }
