@@ -571,7 +571,8 @@ func (l *Lock) release(ctx context.Context) error {
 	if h.sched == nil { // never acquired
 		return l.wrap("unlock", ErrNotHeld)
 	}
-	if !h.finish(ErrReleased) && errors.Is(h.err(), ErrReleased) {
+	held := h.finish(ErrReleased) // false: it was lost (or released) before
+	if !held && errors.Is(h.err(), ErrReleased) {
 		return l.wrap("unlock", ErrNotHeld)
 	}
 	var opts sskv.DelOptions
@@ -589,7 +590,9 @@ func (l *Lock) release(ctx context.Context) error {
 		next, handover = l.q.next()
 		defer l.q.release()
 	}
-	if handover && l.cfg.FenceKey && !h.hasLate() {
+	// Only a holding that lasted until now hands over: the key of one that
+	// was lost may be another's by now, not yet fenced by it.
+	if handover && held && l.cfg.FenceKey && !h.hasLate() {
 		// One write hands the key to the longest waiter: the fence makes
 		// sure it replaces only this holding's own record.
 		_, err := conn.Set(ctx, l.cfg.Name, next.rec, sskv.SetOptions{Expiry: l.cfg.TTL, FencingToken: h.token})
