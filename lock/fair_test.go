@@ -1,6 +1,7 @@
 package lock_test
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -29,7 +30,9 @@ type fairRun struct {
 // acquisition by someone else between the call and its own acquisition.
 func contend(tb testing.TB, srv *localstore.Server, n, handovers int, hold time.Duration) fairRun {
 	tb.Helper()
-	ctx := testCtx(tb)
+	// Long enough for hundreds of waiters to take their turns.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
 	const name = "fair"
 	cs := make([]*sskv.Client, n)
 	ls := make([]*lock.Lock, n)

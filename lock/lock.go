@@ -584,29 +584,39 @@ func (l *Lock) release(ctx context.Context) error {
 		return l.wrap("unlock", err)
 	}
 	defer stop()
-	var next joinEntry
+	var first entry
 	handover := false
 	if l.q != nil {
-		next, handover = l.q.next()
+		first, handover = l.q.handOver()
 		defer l.q.release()
 	}
-	// Only a holding that lasted until now hands over: the key of one that
-	// was lost may be another's by now, not yet fenced by it.
+	// Only a holding that lasted until now hands over with a reservation:
+	// the key of one that was lost may be another's by now, not yet fenced
+	// by it.
 	if handover && held && l.cfg.FenceKey && !h.hasLate() {
 		// One write hands the key to the longest waiter: the fence makes
 		// sure it replaces only this holding's own record.
-		_, err := conn.Set(ctx, l.cfg.Name, next.rec, sskv.SetOptions{Expiry: l.cfg.TTL, FencingToken: h.token})
+		res, err := conn.Set(ctx, l.cfg.Name, first.rec, sskv.SetOptions{Expiry: l.cfg.TTL, FencingToken: h.token})
 		switch {
 		case err == nil:
-			l.log.Info("released; handed over", "to", next.id)
+			l.q.sendTurn(res.Version)
+			l.log.Info("released; handed over", "to", first.id)
 			return nil
 		case errors.Is(err, sskv.ErrFencingTokenLower):
+			l.q.sendTurn(hlc.Timestamp{})
 			l.log.Info("released; a newer holder has the key")
 			return nil
 		case lost(conn):
+			l.q.sendTurn(hlc.Timestamp{})
 			return l.wrap("unlock", fmt.Errorf("%w; the key is gone or expires within its TTL: %w", ErrNotReleased, err))
 		}
+		l.q.sendTurn(hlc.Timestamp{})
 		return l.wrap("unlock", err)
+	}
+	if handover {
+		// After the delete: the first waiter takes the key when its turn
+		// comes (or, if the delete failed, when the key expires).
+		defer l.q.sendTurn(hlc.Timestamp{})
 	}
 	// Without a fence there is no write that replaces only this holding's
 	// record: the release deletes it, and the first waiter in the queue

@@ -3,7 +3,8 @@ package lock
 import (
 	"bytes"
 	"context"
-	"errors"
+	"encoding/binary"
+	"slices"
 	"sync"
 	"time"
 
@@ -11,83 +12,160 @@ import (
 	"github.com/dsslock/dsslock/sskv"
 )
 
-// The waiters of a lock queue in the order they joined, without a list or
-// a scan in the store. A waiter that finds the lock held joins the queue
-// with a plain SET of the lock's queue key (the lock's name and
-// queueSuffix): its value is the waiter's acquisition record, and the
-// version the store gives that SET orders it among the waiters. Every
-// Lock that waits, holds or has just held the lock watches the queue key
-// and the lock's key, so each keeps the same log: who joined, in order,
-// and who has been served (taken the lock, as the lock's key shows) or has
-// left (a SET of the queue key that says so).
+// The waiters of a lock queue in the order they came, without a list or a
+// scan in the store, and without telling every waiter of every change.
 //
-// The holder hands the lock over instead of freeing it: its release writes
-// the record of the longest waiter it knows into the lock's key (a
-// reservation), which only that waiter's acquisition (SET NEX of the same
-// record) can take, while every other SET NX fails. So a release wakes one
-// waiter and sends no other to the store, and a holder that locks again at
-// once joins behind the waiters. A reservation expires after a TTL if its
-// waiter is gone, and the waiters after it go on.
+// The holder keeps the queue, in memory. Each Lock that waits, holds or has
+// just held the lock watches its own inbox key (the lock's name, inboxInfix
+// and its HolderID), and the others tell it things with a SET of that key:
 //
-// When the lock is freed without a reservation (its holder crashed, or did
-// not know the queue), the first waiter in the log tries at once, and the
-// others only after a grace per waiter ahead of them. A waiter that sees
-// someone who joined after it served first (it was skipped, which only
-// such a free-for-all allows) joins again at the back; one whose log lost
-// track of the queue (a Resync) does the same.
+//   - A waiter learns the holder from the lock's key (a GET) and joins by
+//     writing its acquisition record into the holder's inbox. The holder
+//     appends it to the queue and confirms it (msgAck), or tells it that it
+//     is one of the first two waiters (msgHead).
+//   - The first two waiters watch the lock's key, and nobody else does: they
+//     see the holder's renewals, its release and its expiry. A waiter whose
+//     join is not confirmed yet watches it too, in case the holder keeps no
+//     queue (it took a free lock without waiting, or with TryLock).
+//   - The holder releases (VDEL, or with FenceKey a fenced SET of the first
+//     waiter's record: a reservation only that waiter can take), then hands
+//     the queue to the first waiter (msgTurn), which takes the lock and keeps
+//     the queue from then on. A holder that locks again joins at the back.
+//   - A Lock that has handed the queue on passes whatever it is still told
+//     (a join or a leave that crossed the handover) to the one it handed to.
 //
-// Fairness bound: once a waiter has joined, each other waiter can overtake
-// it at most twice (once before a skip, once after it joins again), so no
-// waiter is overtaken more than 2N times with N other waiters. Holders
-// that took the lock while it was free without joining (TryLock, or a
-// Lock that found it free) can take it only in the moment between a
-// release and its handover, which the reservation closes for FenceKey
-// locks and narrows to one round trip otherwise.
+// So a handover costs a fixed number of requests and notifications, however
+// many wait: the release, the turn, the acquisition, telling the new second
+// waiter to watch the key (and its KEYNOTIFY), the new holder's KEYNOTIFY
+// STOP, and the old holder's join if it locks again.
+//
+// When the holder is gone without handing over (it crashed, or its holding
+// was lost), the first waiter sees the key expire and takes it at once; the
+// second waits a grace first, in case the first is gone too. A holder that
+// took the lock without being handed the queue, or whose inbox lost track of
+// what it was told (a Resync), cannot know every waiter: it writes the
+// queue's roll call (the lock's name and queueSuffix), which every engaged
+// Lock watches, and a waiter missing from it joins again. That costs a
+// notification per waiter, and happens only after such faults.
+//
+// Fairness bound: a waiter whose join is confirmed is served in order, so
+// each other waiter overtakes it at most once; if the queue is lost and it
+// joins again, at most once more. So a Lock call is overtaken at most 2N
+// times with N other waiters. Locks that take the lock while it is free
+// (TryLock, or a Lock that finds it free) can take it only between a plain
+// release and the first waiter's acquisition, one round trip; with FenceKey
+// the reservation closes even that.
 
-// queueSuffix is appended to a lock's name to make its queue key.
-const queueSuffix = "\x00queue"
+const (
+	// queueSuffix is appended to a lock's name to make its roll-call key.
+	queueSuffix = "\x00queue"
+	// inboxInfix is put between a lock's name and a HolderID to make that
+	// Lock's inbox key.
+	inboxInfix = "\x00inbox\x00"
+)
 
-// linger is how long a Lock keeps its queue watches after a release or a
-// wait, so that a Lock that locks again at once need not set them up again.
+// Inbox messages: a kind byte, then its payload.
+const (
+	msgJoin    = '+' // record: queue the sender, and confirm it
+	msgRejoin  = '*' // record: queue the sender; it needs no confirmation
+	msgLeave   = '-' // record: the sender gave up
+	msgHead    = 'H' // '1' or '2': you are among the first waiters; watch the key
+	msgAck     = 'K' // your join is queued
+	msgTurn    = 'Q' // token '\n' entries: the lock is released to you; the rest of the queue
+	msgForward = 'A' // entries: queue these after the ones you have
+	msgRoll    = 'E' // entries: the queue as its holder knows it (the roll-call key)
+)
+
+// Entry states, as entries are encoded.
+const (
+	toldNothing = 0   // the waiter awaits a confirmation
+	toldAck     = 'k' // confirmed
+	toldFirst   = '1' // told it is the first waiter
+	toldSecond  = '2' // told it is the second waiter
+)
+
+// entry is one waiter in a queue.
+type entry struct {
+	id   string
+	rec  []byte
+	told byte
+}
+
+func appendEntries(b []byte, es []entry) []byte {
+	for _, e := range es {
+		b = binary.AppendUvarint(b, uint64(len(e.rec)))
+		b = append(b, e.rec...)
+		b = append(b, e.told)
+	}
+	return b
+}
+
+// parseEntries decodes appendEntries; ok is false if b is malformed.
+func parseEntries(b []byte) (es []entry, ok bool) {
+	for len(b) > 0 {
+		n, k := binary.Uvarint(b)
+		if k <= 0 || n >= uint64(len(b)-k) {
+			return nil, false
+		}
+		rec := bytes.Clone(b[k : k+int(n)])
+		told := b[k+int(n)]
+		b = b[k+int(n)+1:]
+		es = append(es, entry{id: ParseHolder(rec, hlc.Timestamp{}).ID, rec: rec, told: told})
+	}
+	return es, true
+}
+
+// linger is how long a Lock keeps its queue after a release or a wait, so
+// that a Lock that locks again at once need not set it up again, and so
+// that what crosses its handover reaches the next holder.
 func (l *Lock) linger() time.Duration { return l.cfg.TTL }
 
-// queueKeyOptions: the queue key carries only the latest join or leave,
-// and is needed only while someone waits, so it expires (10 TTLs after the
-// last, at most a day) rather than stay behind.
-func (l *Lock) queueKeyOptions() sskv.SetOptions {
+// msgOptions: messages and the roll call are needed only while someone
+// waits, so they expire (10 TTLs after, at most a day).
+func (l *Lock) msgOptions() sskv.SetOptions {
 	return sskv.SetOptions{Expiry: min(mulSat(l.cfg.TTL, 10), 24*time.Hour)}
 }
 
-// joinEntry is one waiter in the queue.
-type joinEntry struct {
-	version hlc.Timestamp // of the SET that joined
-	id      string        // the waiter's HolderID
-	rec     []byte        // its acquisition record: what a reservation writes
-}
+func (l *Lock) inbox(id string) string { return l.cfg.Name + inboxInfix + id }
 
-// queue is a Lock's view of its lock's queue: the watches of the queue key
-// and of the lock's key, and the log they keep.
+// queue is a Lock's part in its lock's queue.
 type queue struct {
 	l      *Lock
 	ctx    context.Context
 	cancel context.CancelFunc
-	jw, lw *sskv.Watcher
+	iw, ew *sskv.Watcher // its inbox, and the roll call
 	exited chan struct{}
 	sig    chan struct{} // capacity 1: the state changed
+	wake   chan struct{} // capacity 1: lw changed, for run
 
 	mu      sync.Mutex
-	joins   []joinEntry              // joined, and neither served nor left, by version
-	mine    hlc.Timestamp            // this Lock's join; zero when it is not queued
-	skipped bool                     // someone who joined after this Lock was served first
-	served  map[string]hlc.Timestamp // by HolderID: joins before are served
-	free    bool                     // the lock's key was last seen deleted
-	value   []byte                   // the lock's key's value, as last seen
-	version hlc.Timestamp            // and its version
-	held    bool                     // the lock's key was seen held
-	unseen  time.Time                // when a Resync found missing the key seen held
-	changed bool                     // the lock's key changed, or its watch lost track of it
 	ended   bool
-	idle    *time.Timer // ends the queue after linger, while no wait or holding uses it
+	idle    *time.Timer // ends the queue after linger, while nothing uses it
+	waiting bool        // a wait is under way
+	// The queue this Lock keeps: while it holds, or while it is handed to it.
+	entries []entry
+	holds   bool
+	forward string // after a handover: whom it handed the queue to
+	partial bool   // it holds without the queue handed to it: a roll call is due
+	lastMsg hlc.Timestamp
+	// As a waiter.
+	joinedTo string // whom its join went to; "" when not joined
+	acked    bool   // the join was confirmed
+	head     byte   // toldFirst or toldSecond when it is told it is among the first
+	turn     bool   // the lock was released to it
+	keeper   bool   // it keeps the queue while someone who keeps none holds the lock
+	token    hlc.Timestamp
+	rejoin   bool // check the lock and join again
+	// The lock's key, while watched.
+	lw      *sskv.Watcher
+	free    bool
+	held    bool // the key was seen held
+	value   []byte
+	version hlc.Timestamp
+	unseen  time.Time // when a Resync found missing the key seen held
+	changed bool
+	lastSet time.Time // when the key was last seen written (or first watched)
+	expired bool      // the key was deleted long after its last write: it expired
 }
 
 // engage returns the Lock's queue, setting up its watches if needed. The
@@ -100,12 +178,12 @@ func (l *Lock) engage(ctx context.Context) (*queue, error) {
 	qctx, cancel := context.WithCancel(context.WithoutCancel(l.life))
 	stop := context.AfterFunc(ctx, cancel) // until set up
 	defer stop()
-	jw, err := l.c.Watch(qctx, l.cfg.Name+queueSuffix)
+	iw, err := l.c.Watch(qctx, l.inbox(l.cfg.HolderID))
 	if err != nil {
 		cancel()
 		return nil, err
 	}
-	lw, err := l.c.Watch(qctx, l.cfg.Name)
+	ew, err := l.c.Watch(qctx, l.cfg.Name+queueSuffix)
 	if err != nil {
 		cancel()
 		return nil, err
@@ -114,7 +192,8 @@ func (l *Lock) engage(ctx context.Context) (*queue, error) {
 		cancel()
 		return nil, ctx.Err()
 	}
-	q := &queue{l: l, ctx: qctx, cancel: cancel, jw: jw, lw: lw, exited: make(chan struct{}), sig: make(chan struct{}, 1)}
+	q := &queue{l: l, ctx: qctx, cancel: cancel, iw: iw, ew: ew,
+		exited: make(chan struct{}), sig: make(chan struct{}, 1), wake: make(chan struct{}, 1)}
 	go q.run()
 	l.q = q
 	return q, nil
@@ -158,22 +237,41 @@ func (q *queue) run() {
 	defer func() {
 		q.mu.Lock()
 		q.ended = true
+		if !q.holds {
+			// What it was told goes on to where it belongs.
+			q.waiting = false
+			q.settle()
+		}
+		if q.lw != nil {
+			q.lw.Stop()
+			q.lw = nil
+		}
 		q.mu.Unlock()
 		q.notify()
 	}()
-	jev, lev := q.jw.Events(), q.lw.Events()
-	for jev != nil || lev != nil {
+	iev, eev := q.iw.Events(), q.ew.Events()
+	for {
+		q.mu.Lock()
+		lw := q.lw
+		q.mu.Unlock()
+		var lev <-chan sskv.Event
+		if lw != nil {
+			lev = lw.Events()
+		}
 		select {
-		case ev, ok := <-jev:
+		case ev, ok := <-iev:
 			if !ok {
 				return
 			}
-			q.applyJoin(ev)
+			q.onInbox(ev)
+		case ev, ok := <-eev:
+			if !ok {
+				return
+			}
+			q.onRoll(ev)
 		case ev, ok := <-lev:
-			if !ok {
-				return
-			}
-			q.applyLock(ev)
+			q.onLock(lw, ev, ok)
+		case <-q.wake:
 		}
 	}
 }
@@ -185,244 +283,443 @@ func (q *queue) notify() {
 	}
 }
 
-// applyJoin logs a change of the queue key: a join or a leave.
-func (q *queue) applyJoin(ev sskv.Event) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	// A Resync (the watch lost track of the queue key) carries the latest
-	// join or leave: the ones before it are missed. That costs no waiter
-	// its place: a waiter that a handover skips because its join was
-	// missed joins again (see applyLock).
-	if ev.Op != sskv.OpSet || len(ev.Value) == 0 {
-		return
-	}
-	rec := ev.Value[1:]
-	id := ParseHolder(rec, ev.Version).ID
-	switch ev.Value[0] {
-	case '+':
-		if !q.served[id].Before(ev.Version) && !q.served[id].IsZero() {
-			return // served (or left) before this notification came
+// send writes msg into id's inbox, in the background.
+func (q *queue) send(id string, msg []byte) {
+	l := q.l
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.TTL)
+		defer cancel()
+		if _, err := l.c.Set(ctx, l.inbox(id), msg, l.msgOptions()); err != nil {
+			l.log.Debug("could not tell a waiter of the queue; it checks again later", "to", id, "error", err)
 		}
-		for _, j := range q.joins {
-			if j.version == ev.Version {
-				return
-			}
-		}
-		q.rejoined(id, ev.Version)
-		q.joins = append(q.joins, joinEntry{version: ev.Version, id: id, rec: bytes.Clone(rec)})
-		sortJoins(q.joins)
-	case '-':
-		q.remove(id, ev.Version)
-		if id == q.l.cfg.HolderID {
-			q.mine = hlc.Timestamp{}
-		}
-	}
-	q.notify()
+	}()
 }
 
-// remove drops the joins of id made before version, and returns the
-// earliest it dropped (zero if none). q.mu is held.
-func (q *queue) remove(id string, version hlc.Timestamp) (earliest hlc.Timestamp) {
-	if q.served == nil {
-		q.served = make(map[string]hlc.Timestamp)
+// rollCall writes the queue as this holder knows it, so that the waiters
+// it does not know join again. q.mu is held.
+func (q *queue) rollCall() {
+	l := q.l
+	msg := appendEntries([]byte{msgRoll}, q.entries)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.TTL)
+		defer cancel()
+		if _, err := l.c.Set(ctx, l.cfg.Name+queueSuffix, msg, l.msgOptions()); err != nil {
+			l.log.Debug("could not call the queue's roll; its waiters check again later", "error", err)
+		}
+	}()
+}
+
+// onInbox handles a message to this Lock.
+func (q *queue) onInbox(ev sskv.Event) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	defer q.notify()
+	if ev.Resync {
+		// Messages may have been missed. A waiter checks the lock and
+		// joins again (a holder keeps one place per waiter). A holder
+		// waits: a join it missed was not confirmed, so its waiter watches
+		// the key and joins again at the next release; a roll call would
+		// send every waiter to the store at once.
+		if q.waiting && !q.holds {
+			q.rejoin, q.acked = true, false
+		}
 	}
-	if version.After(q.served[id]) {
-		q.served[id] = version
+	if ev.Op != sskv.OpSet || len(ev.Value) == 0 || !ev.Version.After(q.lastMsg) {
+		return
 	}
-	kept := q.joins[:0]
-	for _, j := range q.joins {
-		if j.id == id && j.version.Before(version) {
-			if earliest.IsZero() {
-				earliest = j.version
+	q.lastMsg = ev.Version
+	kind, body := ev.Value[0], ev.Value[1:]
+	switch kind {
+	case msgJoin, msgRejoin:
+		id := ParseHolder(body, hlc.Timestamp{}).ID
+		if id == "" || id == q.l.cfg.HolderID {
+			return
+		}
+		told := byte(toldNothing)
+		if kind == msgRejoin {
+			told = toldAck
+		}
+		q.add([]entry{{id: id, rec: bytes.Clone(body), told: told}})
+	case msgForward:
+		es, ok := parseEntries(body)
+		if !ok {
+			return
+		}
+		q.add(es)
+	case msgLeave:
+		id := ParseHolder(body, hlc.Timestamp{}).ID
+		i := slices.IndexFunc(q.entries, func(e entry) bool { return e.id == id })
+		if i >= 0 {
+			q.entries = slices.Delete(q.entries, i, i+1)
+		} else if q.forward != "" && !q.holds {
+			q.send(q.forward, ev.Value)
+		}
+	case msgHead:
+		if len(body) == 1 && q.waiting && !q.holds {
+			q.head, q.acked = body[0], true
+		}
+	case msgAck:
+		q.acked = true
+	case msgTurn:
+		tok, rest, ok := bytes.Cut(body, []byte{'\n'})
+		es, ok2 := parseEntries(rest)
+		if !ok || !ok2 {
+			return
+		}
+		var token hlc.Timestamp
+		if len(tok) > 0 {
+			t, err := hlc.ParseBytes(tok)
+			if err != nil {
+				return
+			}
+			token = t
+		}
+		if q.holds {
+			// It took the lock before the turn came (the release's
+			// notification came first): the queue it was handed comes
+			// before whoever joined it since.
+			q.partial = false
+		} else {
+			q.turn, q.token, q.acked, q.forward = true, token, true, ""
+		}
+		q.entries = mergeEntries(q.l.cfg.HolderID, es, q.entries)
+	}
+	q.settle()
+}
+
+// add appends the waiters es that are not queued yet, keeping the place of
+// those that are. q.mu is held.
+func (q *queue) add(es []entry) {
+	for _, e := range es {
+		if e.id == q.l.cfg.HolderID {
+			continue
+		}
+		if i := slices.IndexFunc(q.entries, func(x entry) bool { return x.id == e.id }); i >= 0 {
+			if e.told == toldNothing && q.entries[i].told == toldAck {
+				q.entries[i].told = toldNothing // it asks again: confirm again
 			}
 			continue
 		}
-		kept = append(kept, j)
+		q.entries = append(q.entries, e)
 	}
-	clear(q.joins[len(kept):])
-	q.joins = kept
-	return earliest
 }
 
-// rejoined drops the joins of id before version without counting them
-// served: id joined again, at the back. q.mu is held.
-func (q *queue) rejoined(id string, version hlc.Timestamp) {
-	kept := q.joins[:0]
-	for _, j := range q.joins {
-		if j.id != id || !j.version.Before(version) {
-			kept = append(kept, j)
+// mergeEntries is first, then the entries of then not in it, without self
+// (a place it kept from an earlier join).
+func mergeEntries(self string, first, then []entry) []entry {
+	out := make([]entry, 0, len(first)+len(then))
+	for _, e := range slices.Concat(first, then) {
+		if e.id != self && !slices.ContainsFunc(out, func(x entry) bool { return x.id == e.id }) {
+			out = append(out, e)
 		}
 	}
-	clear(q.joins[len(kept):])
-	q.joins = kept
+	return out
 }
 
-// applyLock logs a change of the lock's key: an acquisition serves the
-// acquirer's joins.
-func (q *queue) applyLock(ev sskv.Event) {
+// settle does what this Lock owes the entries it keeps: a holder tells the
+// first two waiters to watch the key and confirms the others; a waiter
+// keeps them; a Lock that handed the queue on passes them on; one that
+// neither holds, nor waits, nor handed on hands them the lock. q.mu is
+// held.
+func (q *queue) settle() {
+	switch {
+	case q.holds:
+		for i := range q.entries {
+			e := &q.entries[i]
+			switch {
+			case i < 2 && e.told != toldFirst && e.told != toldSecond:
+				e.told = byte(toldFirst + i)
+				q.send(e.id, []byte{msgHead, e.told})
+			case e.told == toldNothing:
+				e.told = toldAck
+				q.send(e.id, []byte{msgAck})
+			}
+		}
+	case q.waiting:
+		// It keeps them: they are its queue once it takes the lock, and
+		// it hands them on if it gives up. (A join may overtake the turn
+		// it follows.)
+	case q.forward != "" && !q.turn:
+		if len(q.entries) > 0 {
+			q.send(q.forward, appendEntries([]byte{msgForward}, q.entries))
+			q.entries = nil
+		}
+	case !q.waiting:
+		q.handOn()
+	}
+}
+
+// handOn gives the lock's turn to the first entry and the queue with it,
+// and forgets the queue. q.mu is held.
+func (q *queue) handOn() {
+	q.turn = false
+	if len(q.entries) == 0 {
+		return
+	}
+	first := q.entries[0]
+	msg := append([]byte{msgTurn}, '\n')
+	msg = appendEntries(msg, q.entries[1:])
+	q.send(first.id, msg)
+	q.forward, q.entries = first.id, nil
+}
+
+// onRoll handles a roll call: a waiter it does not list joins again.
+func (q *queue) onRoll(ev sskv.Event) {
+	if ev.Op != sskv.OpSet || len(ev.Value) == 0 || ev.Value[0] != msgRoll {
+		return
+	}
+	es, ok := parseEntries(ev.Value[1:])
+	if !ok {
+		return
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.changed = true
+	if !q.waiting || q.holds || q.turn {
+		return
+	}
+	if !slices.ContainsFunc(es, func(e entry) bool { return e.id == q.l.cfg.HolderID }) {
+		q.rejoin, q.acked = true, false
+		q.notify()
+	}
+}
+
+// onLock logs a change of the lock's key.
+func (q *queue) onLock(lw *sskv.Watcher, ev sskv.Event, ok bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if lw != q.lw {
+		return // dropped since
+	}
 	defer q.notify()
+	if !ok {
+		q.lw = nil // ended (the service refused it after a reconnect): watch again
+		return
+	}
+	q.changed = true
 	if ev.Op == sskv.OpDelete {
 		if ev.Resync && q.held {
 			// The key may have vanished unseen (a store restart) while
 			// its holder still counts on it: see Lock.
 			q.unseen = time.Now()
 		}
+		// A release comes within a renewal interval of the last write; an
+		// expiry a TTL after it.
+		q.expired = time.Since(q.lastSet) > q.l.cfg.TTL/2
 		q.free, q.value = true, nil
 		return
 	}
+	q.lastSet = time.Now()
 	q.free, q.held = false, true
 	q.value, q.version = bytes.Clone(ev.Value), ev.Version
-	h := ParseHolder(ev.Value, ev.Version)
-	if h.ID == "" || bytes.Equal(ev.Value, q.l.acqRecord()) {
-		return // a reservation for this Lock is not its service yet
-	}
-	served := q.remove(h.ID, ev.Version)
-	if served.IsZero() {
-		return // not a waiter of the log: a holder that did not queue
-	}
-	if h.ID != q.l.cfg.HolderID && !q.mine.IsZero() && served.After(q.mine) {
-		q.skipped = true
-	}
-	if h.ID == q.l.cfg.HolderID {
-		q.mine = hlc.Timestamp{}
-	}
-	// Waiters are served in order, so the joins before the one served are
-	// done with: served already (this log missed it, in a Resync) or
-	// skipped (and such a waiter joins again). Dropping them keeps a stale
-	// entry from holding up the first waiter's try.
-	kept := q.joins[:0]
-	for _, j := range q.joins {
-		if j.version.After(served) {
-			kept = append(kept, j)
-		} else if j.id == q.l.cfg.HolderID {
-			q.skipped = true
-		}
-	}
-	clear(q.joins[len(kept):])
-	q.joins = kept
+}
+
+// watchesKey reports whether this waiter should watch the lock's key.
+// q.mu is held.
+func (q *queue) watchesKey() bool {
+	return q.waiting && !q.holds && (q.head != 0 || q.turn || !q.acked)
 }
 
 // queueState is what a waiter decides by.
 type queueState struct {
+	ended    bool
+	watchKey bool          // it should watch the lock's key
+	watching bool          // it does
+	join     bool          // it should find the holder and join
+	forward  string        // whom it handed the queue to, to join without a GET
+	turn     bool          // the lock was released to it
+	token    hlc.Timestamp // the reservation's version, with FenceKey
 	reserved bool          // the lock's key holds this Lock's record: it may take it
-	token    hlc.Timestamp // the fencing token to take a reservation with
-	unseen   time.Time     // when a Resync found missing the key seen held
 	free     bool          // the lock's key was last seen deleted
-	ahead    int           // live joins before this Lock's (or all, when not queued)
-	queued   bool          // this Lock has a live join
-	rejoin   bool          // skipped: join again
 	changed  bool          // the lock's key changed since the last look
-	ended    bool          // the watches ended
+	head     byte
+	acked    bool
+	keeper   bool // it keeps the queue of a holder that keeps none
+	expired  bool // the key expired (rather than being released)
+	stray    bool // not confirmed, and the key went to another than the one it joined
+	unseen   time.Time
 }
 
 func (q *queue) state() queueState {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	s := queueState{
-		reserved: q.value != nil && bytes.Equal(q.value, q.l.acqRecord()),
-		token:    q.version,
-		unseen:   q.unseen,
-		free:     q.free,
-		queued:   !q.mine.IsZero(),
-		rejoin:   q.skipped,
-		changed:  q.changed,
 		ended:    q.ended,
+		watchKey: q.watchesKey(),
+		watching: q.lw != nil,
+		join:     !q.turn && (q.joinedTo == "" || q.rejoin),
+		forward:  q.forward,
+		turn:     q.turn,
+		token:    q.token,
+		reserved: q.lw != nil && q.value != nil && bytes.Equal(q.value, q.l.acqRecord()),
+		free:     q.lw != nil && q.free,
+		changed:  q.changed,
+		head:     q.head,
+		acked:    q.acked,
+		keeper:   q.keeper,
+		expired:  q.expired,
+		stray:    q.lw != nil && !q.acked && q.joinedTo != "" && q.value != nil && ParseHolder(q.value, q.version).ID != q.joinedTo,
+		unseen:   q.unseen,
+	}
+	if s.reserved {
+		s.token = q.version
+	}
+	if q.rejoin {
+		s.forward = ""
 	}
 	q.changed = false
-	for _, j := range q.joins {
-		if s.queued && !j.version.Before(q.mine) {
-			break
-		}
-		if j.id != q.l.cfg.HolderID {
-			s.ahead++
-		}
-	}
 	return s
 }
 
-// next returns the longest waiter in the log other than this Lock, and
-// whether the log can be trusted to hand the lock over by.
-func (q *queue) next() (joinEntry, bool) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.ended {
-		return joinEntry{}, false
-	}
-	for _, j := range q.joins {
-		if j.id != q.l.cfg.HolderID {
-			return j, true
-		}
-	}
-	return joinEntry{}, false
-}
-
-// join queues this Lock (SET of the queue key), at the back.
-func (q *queue) join(ctx context.Context) error {
+// watchKey starts watching the lock's key, and reports whether it did.
+func (q *queue) watchKey(ctx context.Context) error {
 	l := q.l
-	res, err := l.c.Set(ctx, l.cfg.Name+queueSuffix, append([]byte{'+'}, l.acqRecord()...), l.queueKeyOptions())
+	wctx, cancel := context.WithCancel(q.ctx)
+	stop := context.AfterFunc(ctx, cancel)
+	// A lost answer to the KEYNOTIFY must not keep the waiter from checking
+	// for the client's RequestTimeout.
+	slow := time.AfterFunc(l.cfg.TTL, cancel)
+	w, err := l.c.Watch(wctx, l.cfg.Name)
+	slow.Stop()
+	if err == nil && !stop() {
+		w.Stop()
+		err = ctx.Err()
+	}
 	if err != nil {
+		cancel()
 		return err
 	}
 	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.rejoined(l.cfg.HolderID, res.Version)
-	q.mine = res.Version
-	q.skipped = false
-	found := false
-	for _, j := range q.joins {
-		if j.version == res.Version {
-			found = true
-		}
-	}
-	if !found {
-		q.joins = append(q.joins, joinEntry{version: res.Version, id: l.cfg.HolderID, rec: l.acqRecord()})
-		sortJoins(q.joins)
+	q.lw, q.changed = w, true
+	q.free, q.value, q.lastSet = false, nil, time.Now()
+	q.mu.Unlock()
+	select {
+	case q.wake <- struct{}{}:
+	default:
 	}
 	return nil
 }
 
-// leave takes this Lock out of the queue, in the background: a waiter that
-// gave up. Its join would otherwise be handed the lock, which would wait a
-// TTL for it.
-func (q *queue) leave() {
+// unwatchKey stops watching the lock's key.
+func (q *queue) unwatchKey() {
 	q.mu.Lock()
-	queued := !q.mine.IsZero()
-	q.mine = hlc.Timestamp{}
+	w := q.lw
+	q.lw = nil
 	q.mu.Unlock()
-	if !queued {
-		return
-	}
-	l := q.l
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.TTL)
-		defer cancel()
-		if _, err := l.c.Set(ctx, l.cfg.Name+queueSuffix, append([]byte{'-'}, l.acqRecord()...), l.queueKeyOptions()); err != nil && !errors.Is(err, sskv.ErrClosed) {
-			l.log.Debug("could not leave the queue; a release may wait a TTL for this waiter", "error", err)
+	if w != nil {
+		w.Stop()
+		select {
+		case q.wake <- struct{}{}:
+		default:
 		}
-	}()
+	}
 }
 
-// sawHeld records that an attempt found the key held.
-func (q *queue) sawHeld() {
-	q.mu.Lock()
-	q.held = true
-	q.mu.Unlock()
-}
-
-// acquired drops this Lock's joins: it holds the lock.
-func (q *queue) acquired() {
+// startWait marks a wait under way.
+func (q *queue) startWait() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.remove(q.l.cfg.HolderID, hlc.Timestamp{Wall: 1<<63 - 1})
-	q.mine = hlc.Timestamp{}
-	q.skipped = false
+	q.waiting = true
 }
 
-func sortJoins(js []joinEntry) {
-	for i := len(js) - 1; i > 0 && js[i].version.Before(js[i-1].version); i-- {
-		js[i], js[i-1] = js[i-1], js[i]
+// joined records that this Lock's join went to id.
+func (q *queue) joined(id string, acked bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.joinedTo, q.acked, q.rejoin, q.head, q.keeper = id, acked, false, 0, false
+}
+
+// lostTurn records that the lock released to this Lock was taken by
+// someone else: it waits for the key as the first waiter.
+func (q *queue) lostTurn() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.turn, q.head, q.acked, q.keeper = false, toldFirst, true, true
+	if q.joinedTo == "" {
+		q.joinedTo = "?" // keeps it from joining: it has the queue
 	}
+}
+
+// acquired makes this Lock the queue's keeper: it holds the lock. partial
+// tells that it took a key whose holder went without handing the queue
+// over (it expired, or a holder that kept no queue released it): it calls
+// the roll unless a turn comes within a grace.
+func (q *queue) acquired(partial bool) {
+	q.mu.Lock()
+	q.holds, q.waiting = true, false
+	q.turn, q.joinedTo, q.acked, q.head, q.rejoin, q.forward, q.keeper = false, "", false, 0, false, "", false
+	q.partial = partial
+	q.settle()
+	q.mu.Unlock()
+	q.unwatchKey()
+	if partial {
+		time.AfterFunc(q.l.rollGrace(), func() {
+			q.mu.Lock()
+			defer q.mu.Unlock()
+			if q.holds && q.partial && !q.ended {
+				q.partial = false
+				q.rollCall()
+			}
+		})
+	}
+}
+
+// rollGrace is how long a Lock that took the lock without being handed the
+// queue waits for the turn to come before it calls the roll.
+func (l *Lock) rollGrace() time.Duration {
+	return min(max(l.cfg.TTL/5, 50*time.Millisecond), l.cfg.TTL)
+}
+
+// handOver ends this Lock's keeping of the queue, at a release: it returns
+// the first waiter and the message that hands it the rest, if there is one.
+func (q *queue) handOver() (first entry, ok bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.holds, q.partial = false, false
+	if len(q.entries) == 0 || q.ended {
+		q.forward = ""
+		return entry{}, false
+	}
+	return q.entries[0], true
+}
+
+// sendTurn hands the queue to its first waiter, after the release, with
+// the reservation's version (zero without one).
+func (q *queue) sendTurn(token hlc.Timestamp) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.entries) == 0 {
+		return
+	}
+	first := q.entries[0]
+	msg := []byte{msgTurn}
+	if !token.IsZero() {
+		msg, _ = token.AppendText(msg)
+	}
+	msg = append(msg, '\n')
+	msg = appendEntries(msg, q.entries[1:])
+	q.send(first.id, msg)
+	q.forward, q.entries = first.id, nil
+	q.acked = true // it may join first.id again without watching the key
+}
+
+// leave ends this Lock's wait without the lock: it tells the Lock it
+// joined, or hands on the queue it was handed.
+func (q *queue) leave() {
+	q.mu.Lock()
+	waiting := q.waiting
+	q.waiting = false
+	if waiting && !q.holds {
+		switch {
+		case q.turn || len(q.entries) > 0:
+			if q.turn && len(q.entries) == 0 {
+				break
+			}
+			q.handOn()
+		case q.joinedTo != "" && q.joinedTo != "?":
+			q.send(q.joinedTo, append([]byte{msgLeave}, q.l.acqRecord()...))
+		}
+		q.turn, q.joinedTo, q.acked, q.head, q.rejoin, q.keeper = false, "", false, 0, false, false
+	}
+	q.mu.Unlock()
+	q.unwatchKey()
 }

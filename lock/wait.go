@@ -1,6 +1,7 @@
 package lock
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"math"
@@ -252,23 +253,19 @@ func newBackoff(initial, maxD time.Duration) *backoff.ExponentialBackOff {
 	return b
 }
 
-// queueGrace is how long a queued waiter lets each live waiter ahead of it
-// in its log take a lock that was freed without a handover (its holder
-// crashed, or did not know the queue) before it tries itself.
+// queueGrace is how long the second waiter lets the first take a key
+// that was freed without a handover (its holder crashed, or kept no queue)
+// before it tries itself.
 func (l *Lock) queueGrace() time.Duration {
 	return min(max(l.cfg.TTL/50, 20*time.Millisecond), l.cfg.TTL)
 }
-
-// maxGraces bounds how many graces a waiter lets pass before it tries a
-// lock freed without a handover.
-const maxGraces = 4
 
 // waitQueued acquires the lock as wait does, queueing behind the waiters
 // that came first (see queue.go). The caller has the turn.
 func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 	if q := l.q; q == nil || q.over() {
-		// Not watching the queue: a free lock is taken with one request,
-		// as TryLock would.
+		// Not in the queue: a free lock is taken with one request, as
+		// TryLock would.
 		cn, err := l.c.Connection(ctx)
 		if err != nil {
 			return false, err
@@ -293,28 +290,21 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 		u, err := l.wait(ctx)
 		return unknown || u, err
 	}
+	q.startWait()
 	acquired := false
 	defer func() {
-		if q := l.q; q != nil {
-			if acquired {
-				q.acquired() // held until the holding's release
-			} else {
-				// A waiter that gave up leaves no watch behind.
-				q.leave()
-				q.cancel()
-				l.q = nil
-			}
+		if q := l.q; q != nil && !acquired {
+			q.leave()
+			q.release()
 		}
 	}()
 
 	retry := newBackoff(max(l.cfg.TTL/100, time.Millisecond), max(l.cfg.TTL/4, time.Millisecond))
 	var (
 		holdUntil time.Time
-		tried     bool // the first attempt (the lock may be free) was made
-		fresh     = true
-		retrying  bool // a failed request, or an attempt held off, waits for the timer
-		retryTry  bool // what waits is an attempt: make it when the timer fires
+		retrying  bool // a failed request waits for the timer
 		graced    bool // the grace timer fired since the key was freed
+		graceSet  bool
 	)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
@@ -322,7 +312,6 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 	grace := time.NewTimer(time.Hour)
 	grace.Stop()
 	defer grace.Stop()
-	graceSet := false
 	recheck := time.NewTimer(l.recheckAfter())
 	defer recheck.Stop()
 
@@ -335,110 +324,181 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 		timer.Reset(retry.NextBackOff())
 		return false, nil
 	}
+	// try makes one acquisition, fenced with ft unless zero. partial: see
+	// queue.acquired.
+	try := func(ft hlc.Timestamp, partial bool) (done bool, err error) {
+		cn, err := l.c.Connection(ctx)
+		if err != nil {
+			return true, err
+		}
+		if until := l.holdOff(cn); until.After(holdUntil) {
+			holdUntil = until
+		}
+		if d := time.Until(holdUntil); d > 0 {
+			l.log.Debug("the key may still be held by a holder that lost it unseen; waiting", "for", d)
+			retrying = true
+			timer.Reset(d)
+			return false, nil
+		}
+		ok, err := l.attemptFenced(ctx, cn, ft)
+		unknown = err != nil && len(l.undo) > 0
+		recheck.Reset(l.recheckAfter())
+		switch {
+		case ok:
+			acquired = true
+			q.acquired(partial)
+			return true, nil
+		case err != nil:
+			if stop, err := fail(err); stop {
+				return true, err
+			}
+		default:
+			retry.Reset()
+		}
+		return false, nil
+	}
 	for {
 		st := q.state()
 		if st.ended {
 			// The watches ended (the service refused them after a
-			// reconnect): set them up again.
+			// reconnect): set them up again, and join again.
 			if l.q == q {
 				l.q = nil
 			}
 			if q, err = l.engage(ctx); err != nil {
-				return false, err
+				return unknown, err
 			}
+			q.startWait()
 			continue
 		}
-		if st.changed {
-			fresh = true
-			if !st.free {
-				graced, graceSet = false, false
-				grace.Stop()
-			}
+		if !st.unseen.IsZero() && st.unseen.Add(l.cfg.TTL).After(holdUntil) {
+			holdUntil = st.unseen.Add(l.cfg.TTL)
 		}
-		try := false
-		switch {
-		case retrying:
-		case retryTry:
-			retryTry, try = false, true
-		case st.reserved && fresh:
-			try = true
-		case !tried && st.ahead == 0:
-			tried, try = true, true
-		case !st.queued || st.rejoin:
-			tried = true
-			if err := q.join(ctx); err != nil {
-				if stop, err := fail(err); stop {
-					return false, err
+		if st.changed && !st.free {
+			graced, graceSet = false, false
+			grace.Stop()
+		}
+		if !retrying {
+			switch {
+			case st.watchKey && !st.watching:
+				// Watch the key before anything that decides by it: a
+				// release between a look and the watch would be missed.
+				if err := q.watchKey(ctx); err != nil {
+					if stop, err := fail(err); stop {
+						return unknown, err
+					}
 				}
 				continue
-			}
-			retry.Reset()
-			continue
-		case st.free && fresh && (st.ahead == 0 || graced):
-			try = true
-		case st.free && !graceSet:
-			graceSet = true
-			// At most a few graces: the log of a waiter far back may still
-			// count waiters that are gone (their service or leave was
-			// coalesced into a Resync), and the first waiter, if it is
-			// there, has taken the key long before.
-			grace.Reset(time.Duration(min(st.ahead, maxGraces)) * l.queueGrace())
-		}
-		if try {
-			fresh = false
-			cn, err := l.c.Connection(ctx)
-			if err != nil {
-				return false, err
-			}
-			if until := l.holdOff(cn); until.After(holdUntil) {
-				holdUntil = until
-			}
-			if !st.unseen.IsZero() && st.unseen.Add(l.cfg.TTL).After(holdUntil) {
-				holdUntil = st.unseen.Add(l.cfg.TTL)
-			}
-			if !st.unseen.IsZero() && st.unseen.Add(l.cfg.TTL).After(holdUntil) {
-				holdUntil = st.unseen.Add(l.cfg.TTL)
-			}
-			if d := time.Until(holdUntil); d > 0 {
-				l.log.Debug("the key may still be held by a holder that lost it unseen; waiting", "for", d)
-				retrying, retryTry = true, true
-				timer.Reset(d)
+			case !st.watchKey && st.watching:
+				q.unwatchKey()
 				continue
-			}
-			ft := hlc.Timestamp{}
-			if st.reserved && l.cfg.FenceKey {
-				ft = st.token
-			}
-			ok, err := l.attemptFenced(ctx, cn, ft)
-			unknown = err != nil && len(l.undo) > 0
-			recheck.Reset(l.recheckAfter())
-			switch {
-			case ok:
-				acquired = true
-				return false, nil
-			case err != nil:
-				if stop, err := fail(err); stop {
+			case st.turn || st.reserved:
+				// The lock was released to this Lock.
+				ft := hlc.Timestamp{}
+				if l.cfg.FenceKey {
+					ft = st.token
+				}
+				if done, err := try(ft, false); done {
 					return unknown, err
 				}
-				retryTry = true
-			default:
-				retry.Reset()
-				q.sawHeld()
+				if !retrying && !st.reserved {
+					q.lostTurn() // someone else took it: wait for it as the first waiter
+				}
+				continue
+			case st.stray && !st.join:
+				// Its join was not confirmed, and the key went to someone
+				// else: the Lock it joined may have kept no queue, or have
+				// gone. Join the new holder.
+				q.joined("", false)
+				continue
+			case st.join && st.forward != "":
+				// Locking again after handing the lock over: join the
+				// Lock it went to, which keeps the queue.
+				// Recorded before the join goes out: the holder's answer
+				// may come before the SET's.
+				q.joined(st.forward, true)
+				if _, err := l.c.Set(ctx, l.inbox(st.forward), append([]byte{msgRejoin}, l.acqRecord()...), l.msgOptions()); err != nil {
+					q.joined("", false)
+					if stop, err := fail(err); stop {
+						return unknown, err
+					}
+				}
+				continue
+			case st.join:
+				// Find the holder, and join it.
+				res, err := l.c.Get(ctx, l.cfg.Name)
+				if err != nil {
+					if stop, err := fail(err); stop {
+						return unknown, err
+					}
+					continue
+				}
+				h := ParseHolder(res.Value, res.Version)
+				switch {
+				case !res.Found:
+					if done, err := try(hlc.Timestamp{}, false); done {
+						return unknown, err
+					}
+				case bytes.Equal(res.Value, l.acqRecord()):
+					// A reservation for this Lock (FenceKey).
+					if done, err := try(res.Version, false); done {
+						return unknown, err
+					}
+				case h.ID == l.cfg.HolderID:
+					// Its own earlier record, going: wait for the key.
+					q.joined("?", false)
+				default:
+					q.joined(h.ID, false)
+					if _, err := l.c.Set(ctx, l.inbox(h.ID), append([]byte{msgJoin}, l.acqRecord()...), l.msgOptions()); err != nil {
+						q.joined("", false)
+						if stop, err := fail(err); stop {
+							return unknown, err
+						}
+					}
+				}
+				continue
+			case st.free && (st.head != 0 || !st.acked):
+				// Freed, and no turn yet. A release is followed by the
+				// turn, sent to the next waiter; so unless the key expired
+				// (its holder is gone), or this Lock keeps the queue of a
+				// holder that kept none, it lets the turn come first.
+				now := st.changed && (st.keeper || (st.expired && (st.head == toldFirst || !st.acked)))
+				if !now && !graced {
+					if !graceSet {
+						graceSet = true
+						g := l.queueGrace()
+						if st.head == toldSecond {
+							g *= 2
+						}
+						grace.Reset(g)
+					}
+					break
+				}
+				graced, graceSet = false, false
+				if done, err := try(hlc.Timestamp{}, st.acked); done {
+					return unknown, err
+				}
+				if !st.acked {
+					q.joined("", false) // the holder kept no queue: join the next
+				}
+				continue
 			}
-			continue
 		}
 		select {
 		case <-ctx.Done():
 			return unknown, ctx.Err()
 		case <-q.sig:
 		case <-timer.C:
-			retrying, fresh = false, true
+			retrying = false
 		case <-grace.C:
-			graced, fresh = true, true
+			graced = true
 		case <-recheck.C:
-			// The safeguard: try anyway, whatever the log says, so that
-			// a log gone wrong cannot keep this waiter from a free lock.
-			fresh, retryTry = true, true
+			// The safeguard: look at the lock again and join again, so
+			// that a lost message cannot keep this waiter forever.
+			q.mu.Lock()
+			q.rejoin, q.acked = true, false
+			q.mu.Unlock()
+			recheck.Reset(l.recheckAfter())
 		}
 	}
 }

@@ -28,7 +28,7 @@ const (
 	DefaultRequestTimeout = 10 * time.Second
 	DefaultReconnectMin   = 100 * time.Millisecond
 	DefaultReconnectMax   = 10 * time.Second
-	DefaultWatchBuffer    = 64
+	DefaultWatchBuffer    = 1024
 )
 
 // Config configures a [Client]. Only Addr is required; every other zero
@@ -130,7 +130,10 @@ type Config struct {
 	ReconnectMax time.Duration
 
 	// WatchBuffer is the number of events each Watcher buffers before a slow
-	// consumer's events are coalesced (see [Watcher]). Default 64.
+	// consumer's events are coalesced (see [Watcher]). Default 1024. The
+	// buffer grows only while events wait, so an idle watcher holds none: a
+	// burst (a lock's queue, hundreds joining at once) is delivered event by
+	// event rather than coalesced.
 	WatchBuffer int
 
 	// Logger receives the client's logs. Default: discarded.

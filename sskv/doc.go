@@ -173,7 +173,7 @@
 //     news whatever its version: a restarted store, whose clock is the wall
 //     clock, may give lower versions than its predecessor for a while.
 //   - A slow consumer: each watcher buffers Config.WatchBuffer events (default
-//     64). Beyond that, its events are coalesced into one Resync event with
+//     1024, allocated only while events wait). Beyond that, its events are coalesced into one Resync event with
 //     the key's latest known state, delivered after the buffered events as
 //     soon as the consumer reads again. Nothing else waits for a slow watcher:
 //     the connection, requests and other watchers go on, and memory stays
