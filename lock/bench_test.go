@@ -182,7 +182,7 @@ func BenchmarkWaiters(b *testing.B) {
 			srv := startStore(b)
 			handovers := max(b.N, 2*n)
 			b.ResetTimer()
-			run := contend(b, srv, n, handovers, 20*time.Millisecond)
+			run := contend(b, srv, n, handovers, 20*time.Millisecond, os.Getenv("DSSLOCK_BENCH_FENCEKEY") != "")
 			b.StopTimer()
 			reportPercentiles(b, run.handover, "handover-ms")
 			b.ReportMetric(float64(run.requests)/float64(run.measured), "reqs/handover")

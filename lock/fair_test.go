@@ -28,7 +28,7 @@ type fairRun struct {
 // and calling Lock again as soon as another has taken it, until there were
 // handovers acquisitions after the first. An overtake of a Lock call is an
 // acquisition by someone else between the call and its own acquisition.
-func contend(tb testing.TB, srv *localstore.Server, n, handovers int, hold time.Duration) fairRun {
+func contend(tb testing.TB, srv *localstore.Server, n, handovers int, hold time.Duration, fenceKey bool) fairRun {
 	tb.Helper()
 	// Long enough for hundreds of waiters to take their turns.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -38,7 +38,7 @@ func contend(tb testing.TB, srv *localstore.Server, n, handovers int, hold time.
 	ls := make([]*lock.Lock, n)
 	for i := range ls {
 		cs[i] = dial(tb, srv.Addr())
-		ls[i] = newLock(tb, cs[i], lock.Config{Name: name, TTL: 5 * time.Second})
+		ls[i] = newLock(tb, cs[i], lock.Config{Name: name, TTL: 5 * time.Second, FenceKey: fenceKey})
 	}
 	var (
 		mu       sync.Mutex
@@ -159,21 +159,23 @@ func contend(tb testing.TB, srv *localstore.Server, n, handovers int, hold time.
 // overtaken more than 2n times (the documented bound), and every one of
 // them acquires.
 func TestFairWaiting(t *testing.T) {
-	for _, n := range []int{3, 10} {
-		t.Run(fmt.Sprintf("waiters=%d", n), func(t *testing.T) {
-			srv := startStore(t)
-			run := contend(t, srv, n, 10*n, 5*time.Millisecond)
-			t.Logf("%d handovers: at most %d overtakes, %d never acquired, %.1f requests per handover",
-				run.handovers, run.maxOvertaken, run.neverAcquired, float64(run.requests)/float64(run.measured))
-			if run.overlap {
-				t.Errorf("two Locks held the lock at once")
-			}
-			if run.neverAcquired > 0 {
-				t.Errorf("%d of %d Locks never acquired the lock in %d handovers", run.neverAcquired, n, run.handovers)
-			}
-			if run.maxOvertaken > 2*n {
-				t.Errorf("a Lock call was overtaken %d times; the bound is 2n = %d", run.maxOvertaken, 2*n)
-			}
-		})
+	for _, fenceKey := range []bool{false, true} {
+		for _, n := range []int{3, 10} {
+			t.Run(fmt.Sprintf("waiters=%d/FenceKey=%v", n, fenceKey), func(t *testing.T) {
+				srv := startStore(t)
+				run := contend(t, srv, n, 10*n, 5*time.Millisecond, fenceKey)
+				t.Logf("%d handovers: at most %d overtakes, %d never acquired, %.1f requests per handover",
+					run.handovers, run.maxOvertaken, run.neverAcquired, float64(run.requests)/float64(run.measured))
+				if run.overlap {
+					t.Errorf("two Locks held the lock at once")
+				}
+				if run.neverAcquired > 0 {
+					t.Errorf("%d of %d Locks never acquired the lock in %d handovers", run.neverAcquired, n, run.handovers)
+				}
+				if run.maxOvertaken > 2*n {
+					t.Errorf("a Lock call was overtaken %d times; the bound is 2n = %d", run.maxOvertaken, 2*n)
+				}
+			})
+		}
 	}
 }
