@@ -246,7 +246,7 @@ func Start(cfg Config) (*Server, error) {
 	s := &Server{
 		cfg:      cfg,
 		log:      log,
-		tab:      newTable(),
+		tab:      newTable(cfg.NodeID),
 		wake:     make(chan struct{}, 1),
 		conns:    make(map[string]*mqtt.Client),
 		latest:   make(map[string]*connRec),
@@ -433,7 +433,7 @@ func (s *Server) Connected(clientID string) bool {
 func (s *Server) Watching(clientID, key string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	_, ok := s.tab.watchers(key)[clientID]
+	_, ok := s.tab.watchers([]byte(key))[clientID]
 	return ok
 }
 
@@ -455,7 +455,7 @@ func (s *Server) Now() hlc.Timestamp {
 func (s *Server) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.tab.keys)
+	return s.tab.len()
 }
 
 func (s *Server) wallClock() time.Time {
@@ -651,16 +651,16 @@ func (s *Server) expiryLoop() {
 	defer timer.Stop()
 	for {
 		s.mu.Lock()
-		now := time.Now()
-		for e := s.tab.popExpired(now); e != nil; e = s.tab.popExpired(now) {
-			s.notifyDelete(e.key)
+		now := s.tab.now()
+		for key, ok := s.tab.popExpired(now); ok; key, ok = s.tab.popExpired(now) {
+			s.notifyDelete(key)
 		}
-		next := s.tab.nextExpiry()
+		next, ok := s.tab.nextExpiry()
 		s.mu.Unlock()
 
 		wait := time.Hour
-		if !next.IsZero() {
-			wait = time.Until(next)
+		if ok {
+			wait = s.tab.untilDeadline(next)
 		}
 		timer.Reset(wait)
 		select {
