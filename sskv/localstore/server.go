@@ -195,6 +195,9 @@ type Server struct {
 
 	// observe, set only by tests, sees every notification as it is published.
 	observe func(clientID, key string, payload []byte, ts string)
+	// onRoomWait, set only by tests, sees every sender that starts waiting
+	// for room in a client's queue of pending writes (see waitForRoom).
+	onRoomWait atomic.Pointer[func(clientID string)]
 
 	plain, secure *listener
 	bg            sync.WaitGroup // drain goroutines and slow-client disconnects
@@ -274,9 +277,15 @@ func Start(cfg Config) (*Server, error) {
 	// waiting to be written. The store disconnects such a client first (see
 	// outbox and hook.OnQosPublish): its own limit, MaxPendingMessages, is
 	// the one reached, and a drop the broker still makes (OnPublishDropped)
-	// disconnects the client too.
+	// disconnects the client too. Senders wait for room in the queue of
+	// pending writes (see writequeue.go).
 	caps.MaximumInflight = 65535
+	// Senders wait for room in the queue of pending writes (see
+	// writequeue.go), so it need not hold every message the store allows.
 	caps.MaximumClientWritesPending = int32(cfg.MaxPendingMessages)
+	if writeQueueKnown() {
+		caps.MaximumClientWritesPending = writeQueueSize
+	}
 	s.broker = mqtt.New(&mqtt.Options{
 		Capabilities: caps,
 		Logger:       slog.New(packetSummaries{log.Handler()}).With("component", "broker"),
