@@ -156,6 +156,13 @@ const (
 	DefaultWriteTimeout       = 5 * time.Second
 )
 
+// clientReadBufferSize is the size of the buffer the broker reads each
+// connection through (mochi's default is 2 KiB), held for as long as the
+// connection lasts. A larger packet's payload is read straight into its own
+// buffer, so a smaller one only means more reads for a burst of small
+// packets.
+const clientReadBufferSize = 512
+
 // maxPacketSizeLimit is MQTT's largest packet: a remaining length of at most
 // 268,435,455 bytes.
 const maxPacketSizeLimit = 268435455
@@ -297,6 +304,7 @@ func Start(cfg Config) (*Server, error) {
 		// buffered with it are lost. With a buffer size of 1 every packet is
 		// written as it comes.
 		ClientNetWriteBufferSize: 1,
+		ClientNetReadBufferSize:  clientReadBufferSize,
 		SysTopicResendInterval:   30,
 	})
 	s.inline = s.broker.NewClient(nil, "local", "$statestore", true)
