@@ -28,6 +28,7 @@ func TestWriteQueueFound(t *testing.T) {
 	defer srv.Close()
 	c := dialQueueTest(t, srv.Addr(), "queue", 0)
 	defer c.Close()
+	c.subscribe(t, "queue/topic", 0) // once SUBACK comes, the session is established
 	cl := srv.current("queue")
 	q := reflect.ValueOf(&cl.State).Elem().Field(outboundField)
 	if q.Cap() != writeQueueSize || writesQueued(cl) != 0 {
@@ -71,6 +72,18 @@ func dialQueueTest(t *testing.T, addr, id string, rcvBuf int) *queueTestConn {
 	return c
 }
 
+// subscribe subscribes to filter at qos and waits for the SUBACK.
+func (c *queueTestConn) subscribe(t *testing.T, filter string, qos byte) {
+	t.Helper()
+	if _, err := (&packets.Subscribe{PacketID: 1, Subscriptions: []packets.SubOptions{{Topic: filter, QoS: qos}},
+		Properties: &packets.Properties{}}).WriteTo(c); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := packets.ReadPacket(c.r); err != nil || p.Type != packets.SUBACK {
+		t.Fatalf("SUBACK expected, got %v, %v", p, err)
+	}
+}
+
 // TestSlowReaderLosesNothing: a subscriber that stops reading while a
 // publisher sends it far more than the broker's queue of pending writes
 // holds gets every message, in order, once it reads again: the publisher
@@ -94,13 +107,7 @@ func TestSlowReaderLosesNothing(t *testing.T) {
 	defer sub.Close()
 	// At QoS 0: a QoS 1 message waits on the client's lock while a write to
 	// it is blocked (see writequeue.go), and never fills the queue.
-	if _, err := (&packets.Subscribe{PacketID: 1, Subscriptions: []packets.SubOptions{{Topic: "slow/topic", QoS: 0}},
-		Properties: &packets.Properties{}}).WriteTo(sub); err != nil {
-		t.Fatal(err)
-	}
-	if p, err := packets.ReadPacket(sub.r); err != nil || p.Type != packets.SUBACK {
-		t.Fatalf("SUBACK expected, got %v, %v", p, err)
-	}
+	sub.subscribe(t, "slow/topic", 0)
 
 	// Enough 64 KiB messages to fill the socket buffers and the queue.
 	const n = 300
@@ -108,13 +115,12 @@ func TestSlowReaderLosesNothing(t *testing.T) {
 	defer pub.Close()
 	acks := make(chan error, 1)
 	go func() {
-		for i := range n {
+		for range n {
 			p, err := packets.ReadPacket(pub.r)
 			if err != nil || p.Type != packets.PUBACK || p.Content.(*packets.Puback).ReasonCode != 0 {
 				acks <- err
 				return
 			}
-			_ = i
 		}
 		acks <- nil
 	}()
@@ -167,13 +173,7 @@ func TestStuckReaderIsCut(t *testing.T) {
 	defer srv.Close()
 	sub := dialQueueTest(t, srv.Addr(), "stuck", 4096)
 	defer sub.Close()
-	if _, err := (&packets.Subscribe{PacketID: 1, Subscriptions: []packets.SubOptions{{Topic: "stuck/topic", QoS: 1}},
-		Properties: &packets.Properties{}}).WriteTo(sub); err != nil {
-		t.Fatal(err)
-	}
-	if p, err := packets.ReadPacket(sub.r); err != nil || p.Type != packets.SUBACK {
-		t.Fatalf("SUBACK expected, got %v, %v", p, err)
-	}
+	sub.subscribe(t, "stuck/topic", 1)
 	const n = 300
 	pub := dialQueueTest(t, srv.Addr(), "publisher", 0)
 	defer pub.Close()
