@@ -69,7 +69,7 @@ var (
 )
 
 // storeBinary builds the program once for the tests.
-func storeBinary(t *testing.T) string {
+func storeBinary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "statestore-test-")

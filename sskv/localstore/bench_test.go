@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"testing"
 	"time"
@@ -127,13 +128,37 @@ func BenchmarkExpiry(b *testing.B) {
 	b.ReportMetric(float64(worst.Microseconds())/1000, "worst-late-ms")
 }
 
+// footprint is the heap in use and the goroutine stacks.
+type footprint struct{ heap, stacks uint64 }
+
+func (f footprint) total() uint64 { return f.heap + f.stacks }
+
 // memFootprint is the heap in use and the goroutine stacks, after GC.
-func memFootprint() uint64 {
+func memFootprint() footprint {
 	runtime.GC()
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc + ms.StackInuse
+	return footprint{ms.HeapAlloc, ms.StackInuse}
+}
+
+// reportFootprint reports what the growth from before to after costs per
+// unit, in total and split into heap and stacks, and writes a heap profile
+// to the file DSSLOCK_BENCH_HEAPPROFILE names, if any, to see where.
+func reportFootprint(b *testing.B, before, after footprint, n int, unit string) {
+	b.ReportMetric(float64(after.total()-before.total())/float64(n), "B/"+unit)
+	b.ReportMetric(float64(after.heap-before.heap)/float64(n), "heap-B/"+unit)
+	b.ReportMetric(float64(after.stacks-before.stacks)/float64(n), "stack-B/"+unit)
+	if name := os.Getenv("DSSLOCK_BENCH_HEAPPROFILE"); name != "" {
+		f, err := os.Create(name)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer f.Close()
+		if err := pprof.WriteHeapProfile(f); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
 
 // benchSize is the size in the environment variable name, or def.
@@ -181,8 +206,7 @@ func BenchmarkKeyCost(b *testing.B) {
 		if err := g.Wait(); err != nil {
 			b.Fatal(err)
 		}
-		after := memFootprint()
-		b.ReportMetric(float64(after-before)/float64(n), "B/key")
+		reportFootprint(b, before, memFootprint(), n, "key")
 		c.Close()
 		_ = srv.Close()
 	}
@@ -218,8 +242,7 @@ func BenchmarkIdleConnectionCost(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		after := memFootprint()
-		b.ReportMetric(float64(after-before)/float64(n), "B/conn")
+		reportFootprint(b, before, memFootprint(), n, "conn")
 		for _, nc := range conns {
 			_ = nc.Close()
 		}

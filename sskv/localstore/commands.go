@@ -1,6 +1,7 @@
 package localstore
 
 import (
+	"bytes"
 	"strings"
 	"time"
 
@@ -177,8 +178,8 @@ func (s *Server) execute(cl clientRef, req *request) result {
 	// A key past its deadline is expired before the request takes its
 	// version, so that the DELETE notification of the expiry carries an
 	// earlier time than whatever the request does to the key. Liveness is
-	// decided here once: the verbs below work on e.
-	e := s.live(key)
+	// decided here once: the verbs below work on slot i.
+	i := s.live(key)
 
 	// The request is valid: it is an event for the store's clock.
 	now, err := s.tick(req.hasTS, ts)
@@ -188,16 +189,17 @@ func (s *Server) execute(cl clientRef, req *request) result {
 
 	switch verb {
 	case "SET":
-		return s.set(e, req.user, key, req.args[2], setOpts, req.hasFT, ft, now)
+		return s.set(i, req.user, key, req.args[2], setOpts, req.hasFT, ft, now)
 	case "GET":
-		if e == nil {
+		if i < 0 {
 			return result{payload: nullPayload}
 		}
-		return result{payload: resp.AppendBulk(make([]byte, 0, len(e.value)+16), e.value), version: e.version}
+		v := s.tab.value(i)
+		return result{payload: resp.AppendBulk(make([]byte, 0, len(v)+16), v), version: s.tab.version(i)}
 	case "DEL":
-		return s.del(e, nil, req.hasFT, ft)
+		return s.del(i, nil, req.hasFT, ft)
 	case "VDEL":
-		return s.del(e, req.args[2], req.hasFT, ft)
+		return s.del(i, req.args[2], req.hasFT, ft)
 	default: // KEYNOTIFY
 		if len(req.args) == 3 {
 			if s.unwatch(cl.id, string(key)) {
@@ -235,72 +237,71 @@ func (s *Server) clockError(err error) result {
 	return errResult(MsgClockAhead)
 }
 
-// fenceCheck applies the fencing rules of a fenced key to a write.
-func fenceCheck(e *entry, hasFT bool, ft hlc.Timestamp) (string, bool) {
-	if e == nil || e.fence.IsZero() {
+// fenceCheck applies the fencing rules of the key in slot i (-1: none) to a write.
+func fenceCheck(t *table, i int, hasFT bool, ft hlc.Timestamp) (string, bool) {
+	if i < 0 {
+		return "", true
+	}
+	fence := t.fence(i)
+	if fence.IsZero() {
 		return "", true
 	}
 	if !hasFT {
 		return wire.MsgFencingRequired, false
 	}
-	if ft.Compare(e.fence) < 0 {
+	if ft.Compare(fence) < 0 {
 		return wire.MsgFencingLower, false
 	}
 	return "", true
 }
 
-// set runs SET for user on key, whose live entry is e (nil when absent).
-func (s *Server) set(e *entry, user string, key, value []byte, o setOptions, hasFT bool, ft, version hlc.Timestamp) result {
+// set runs SET for user on key, whose live slot is i (-1 when absent).
+func (s *Server) set(i int, user string, key, value []byte, o setOptions, hasFT bool, ft, version hlc.Timestamp) result {
 	if s.cfg.MaxKeySize > 0 && len(key) > s.cfg.MaxKeySize ||
 		s.cfg.MaxValueSize > 0 && len(value) > s.cfg.MaxValueSize {
 		return errResult(wire.MsgQuotaExceeded)
 	}
-	if msg, ok := fenceCheck(e, hasFT, ft); !ok {
+	if msg, ok := fenceCheck(s.tab, i, hasFT, ft); !ok {
 		return errResult(msg)
 	}
-	if e != nil && (o.nx || o.nex && !sameValue(e.value, value)) {
-		return result{payload: notAppliedPayload, version: e.version}
+	if i >= 0 && (o.nx || o.nex && !bytes.Equal(s.tab.value(i), value)) {
+		return result{payload: notAppliedPayload, version: s.tab.version(i)}
 	}
-	isNew := e == nil
-	if !s.withinQuota(e, user, key, value) {
+	if !s.withinQuota(i, user, key, value) {
 		return errResult(wire.MsgQuotaExceeded)
 	}
-	var oldSize int64
-	if isNew {
-		e = &entry{key: string(key), owner: user}
-	} else {
-		oldSize = e.size()
-	}
-	e.value = append(e.value[:0:0], value...)
-	e.version = version
-	if hasFT && (e.fence.IsZero() || ft.Compare(e.fence) > 0) {
-		e.fence = ft
-	}
-	var expires time.Time
+	var deadline int64
 	if o.px > 0 {
-		expires = time.Now().Add(o.px)
+		deadline = s.tab.deadlineAfter(o.px)
 	}
-	s.tab.put(e, isNew, oldSize, expires)
-	if !expires.IsZero() {
+	if i < 0 {
+		i = s.tab.insert(key, value, user, version, deadline)
+	} else {
+		s.tab.update(i, value, version, deadline)
+	}
+	if hasFT {
+		s.tab.raiseFence(i, ft)
+	}
+	if deadline != 0 {
 		s.kickExpiry()
 	}
-	s.notifySet(e)
+	s.notifySet(i)
 	return result{payload: okPayload, version: version}
 }
 
 // withinQuota reports whether a SET of value on key by user, whose live
-// entry is e (nil: the SET creates it, for user), keeps within MaxKeys and
+// slot is i (-1: the SET creates it, for user), keeps within MaxKeys and
 // the quotas of the key's owner. A SET that does not grow what its owner
 // uses is always allowed, so that an owner over a quota lowered since can
 // still update, and shrink, its keys.
-func (s *Server) withinQuota(e *entry, user string, key, value []byte) bool {
+func (s *Server) withinQuota(i int, user string, key, value []byte) bool {
 	owner, keys, grow := user, 1, int64(len(key)+len(value))
-	if e != nil {
-		owner, keys, grow = e.owner, 0, grow-e.size()
+	if i >= 0 {
+		owner, keys, grow = s.tab.owner(i), 0, grow-s.tab.size(i)
 	}
 	u := s.tab.usage(owner)
 	switch {
-	case keys > 0 && s.cfg.MaxKeys > 0 && len(s.tab.keys) >= s.cfg.MaxKeys,
+	case keys > 0 && s.cfg.MaxKeys > 0 && s.tab.len() >= s.cfg.MaxKeys,
 		keys > 0 && s.cfg.MaxKeysPerUser > 0 && u.keys >= s.cfg.MaxKeysPerUser,
 		grow > 0 && s.cfg.MaxBytesPerUser > 0 && u.bytes+grow > s.cfg.MaxBytesPerUser:
 		return false
@@ -308,36 +309,40 @@ func (s *Server) withinQuota(e *entry, user string, key, value []byte) bool {
 	return true
 }
 
-// del runs DEL (value == nil) and VDEL on the live entry e (nil when absent).
-func (s *Server) del(e *entry, value []byte, hasFT bool, ft hlc.Timestamp) result {
-	if e == nil {
+// del runs DEL (value == nil) and VDEL on the live slot i (-1 when absent).
+func (s *Server) del(i int, value []byte, hasFT bool, ft hlc.Timestamp) result {
+	if i < 0 {
 		return result{payload: zeroPayload}
 	}
-	if msg, ok := fenceCheck(e, hasFT, ft); !ok {
+	if msg, ok := fenceCheck(s.tab, i, hasFT, ft); !ok {
 		return errResult(msg)
 	}
-	if value != nil && !sameValue(e.value, value) {
-		return result{payload: notAppliedPayload, version: e.version}
+	version := s.tab.version(i)
+	if value != nil && !bytes.Equal(s.tab.value(i), value) {
+		return result{payload: notAppliedPayload, version: version}
 	}
-	s.tab.remove(e)
-	s.notifyDelete(e.key)
-	return result{payload: onePayload, version: e.version}
+	key := string(s.tab.key(i))
+	s.tab.remove(i)
+	s.notifyDelete(key)
+	return result{payload: onePayload, version: version}
 }
 
-// live returns the entry for key unless it is missing or past its deadline;
-// a key found past its deadline is expired now, so that no read sees a value
-// whose lease has run out even if the expiry timer has not fired yet.
-func (s *Server) live(key []byte) *entry {
-	e := s.tab.get(key)
-	if e == nil {
-		return nil
+// live returns the slot of key unless it is missing or past its deadline
+// (then -1); a key found past its deadline is expired now, so that no read
+// sees a value whose lease has run out even if the expiry timer has not
+// fired yet.
+func (s *Server) live(key []byte) int {
+	i := s.tab.find(key)
+	if i < 0 {
+		return -1
 	}
-	if !e.expires.IsZero() && !time.Now().Before(e.expires) {
-		s.tab.remove(e)
-		s.notifyDelete(e.key)
-		return nil
+	if d := s.tab.deadline(i); d != 0 && s.tab.now() >= d {
+		k := string(s.tab.key(i))
+		s.tab.remove(i)
+		s.notifyDelete(k)
+		return -1
 	}
-	return e
+	return i
 }
 
 // keyAllowed applies the per-user key-prefix ACL.

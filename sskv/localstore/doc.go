@@ -81,8 +81,11 @@
 //     not yet written when the DISCONNECT goes out stay in the client's
 //     session, as on any lost connection: a client that resumes its session
 //     gets them, one that starts clean does not. The
-//     broker's own queue of pending writes has the same size; should it
-//     drop a message anyway, the client is disconnected the same way.
+//     broker's own queue of pending writes to a connection is short (128
+//     packets): whoever sends a client a message waits for room in it, for
+//     at most Config.WriteTimeout, after which the client is disconnected
+//     the same way; should the broker drop a message anyway, the client is
+//     disconnected too.
 //   - Every write to a client's socket must complete within
 //     Config.WriteTimeout (default 5 s); a client that does not read for
 //     that long is disconnected, its connection closed.

@@ -28,7 +28,7 @@ func (h *hook) Provides(b byte) bool {
 	switch b {
 	case mqtt.OnConnectAuthenticate, mqtt.OnACLCheck, mqtt.OnSessionEstablish, mqtt.OnSessionEstablished,
 		mqtt.OnDisconnect, mqtt.OnPublish, mqtt.OnPacketRead, mqtt.OnPacketEncode, mqtt.OnPublishDropped,
-		mqtt.OnQosPublish, mqtt.OnSubscribe, mqtt.OnWill, mqtt.OnRetainedExpired:
+		mqtt.OnQosPublish, mqtt.OnSubscribe, mqtt.OnWill, mqtt.OnRetainedExpired, mqtt.OnRetainPublished:
 		return true
 	}
 	return false
@@ -187,7 +187,8 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 // OnPublish refuses retained messages under clients/ (see acl.go) and
 // beyond the user's limits (see limits.go), and executes state store
 // requests. Requests are acknowledged like any QoS 1 PUBLISH but not routed
-// to subscribers of the invoke topic, nor retained.
+// to subscribers of the invoke topic, nor retained. Other messages wait for
+// room in their subscribers' queues of pending writes (see writequeue.go).
 func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
 	if cl.Net.Inline {
 		return pk, nil
@@ -203,6 +204,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 			h.s.log.Warn("refused retained message: "+msgRetainedQuota, "client", cl.ID, "user", userOf(cl), "topic", pk.TopicName)
 			return pk, h.s.refusePublish(cl, pk, packets.ErrQuotaExceeded, msgRetainedQuota)
 		}
+		h.s.waitForSubscribers(pk.TopicName)
 		return pk, nil
 	}
 	if err := h.s.handleRequest(cl, pk); err != nil {
@@ -225,9 +227,14 @@ func (h *hook) OnPublishDropped(cl *mqtt.Client, pk packets.Packet) {
 }
 
 // OnQosPublish runs each time the broker adds a QoS 1 or 2 message to cl's
-// in-flight store. A client that reaches MaxPendingMessages unacknowledged
+// in-flight store, or sends one again. A client that reaches MaxPendingMessages unacknowledged
 // messages is disconnected before the broker would silently drop messages
 // to it ("client store quota reached", at Capabilities.MaximumInflight).
+//
+// A new message is queued for writing right after this returns: it waits
+// for room in the client's queue of pending writes first (see
+// waitForRoom). Messages sent again (DUP) and acknowledgements are written
+// without the queue.
 func (h *hook) OnQosPublish(cl *mqtt.Client, pk packets.Packet, sent int64, resends int) {
 	noteOutbound(cl, pk)
 	if inflight := cl.State.Inflight.Len(); inflight > h.s.cfg.MaxPendingMessages {
@@ -235,6 +242,16 @@ func (h *hook) OnQosPublish(cl *mqtt.Client, pk packets.Packet, sent int64, rese
 			h.s.slowClient(rec, "too many unacknowledged messages", "unacknowledged", inflight, "limit", h.s.cfg.MaxPendingMessages)
 		}
 	}
+	if pk.FixedHeader.Type == packets.Publish && !pk.FixedHeader.Dup {
+		h.s.waitForRoom(cl)
+	}
+}
+
+// OnRetainPublished runs after the broker queued a retained message for
+// cl, which subscribed to it: the next one waits for room in cl's queue of
+// pending writes (see writequeue.go), as a subscription can match many.
+func (h *hook) OnRetainPublished(cl *mqtt.Client, pk packets.Packet) {
+	h.s.waitForRoom(cl)
 }
 
 // OnSubscribe refuses the filters that would take cl beyond

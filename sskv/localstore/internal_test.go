@@ -1,7 +1,6 @@
 package localstore
 
 import (
-	"container/heap"
 	"context"
 	"net"
 	"reflect"
@@ -54,9 +53,7 @@ func TestLazyExpiryOrder(t *testing.T) {
 
 	// The deadline passes, but the timer (set for an hour) has not fired.
 	srv.mu.Lock()
-	e := srv.tab.keys["lease"]
-	e.expires = time.Now().Add(-time.Millisecond)
-	heap.Fix(&srv.tab.expiry, e.index)
+	srv.tab.setDeadline(srv.tab.find([]byte("lease")), srv.tab.now()-int64(time.Millisecond))
 	notes = nil
 	srv.mu.Unlock()
 

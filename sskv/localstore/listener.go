@@ -233,6 +233,7 @@ type deadlineConn struct {
 	refusal  string                      // why the store refuses the client's CONNECT (see hook.OnConnectAuthenticate); only the connection's goroutine uses it
 	claimed  string                      // the client id the connection claimed (see Server.admit), released when it ends; only the connection's goroutine uses it
 	subQuota subQuota                    // the filters of the SUBSCRIBE being handled refused for MaxSubscriptionsPerClient; only the connection's goroutine uses it
+	room     room                        // wakes senders waiting for room in the broker's queue of writes (see waitForRoom)
 }
 
 func newDeadlineConn(conn net.Conn, s *Server) *deadlineConn {
@@ -260,6 +261,7 @@ func (c *deadlineConn) Read(b []byte) (int, error) {
 }
 
 func (c *deadlineConn) Write(b []byte) (int, error) {
+	defer c.room.signal() // the broker took a packet off its queue to write it
 	if c.broken.Load() {
 		return 0, errWriteTimedOut
 	}

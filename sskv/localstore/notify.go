@@ -64,23 +64,25 @@ func (s *Server) endWatches(clientID string) {
 	}
 }
 
-// notifySet tells the watchers of e's key its new value. The caller holds s.mu.
-func (s *Server) notifySet(e *entry) {
-	w := s.tab.watchers(e.key)
+// notifySet tells the watchers of the key in slot i its new value. The
+// caller holds s.mu.
+func (s *Server) notifySet(i int) {
+	w := s.tab.watchers(s.tab.key(i))
 	if len(w) == 0 {
 		return
 	}
-	payload := resp.AppendCommand(nil, []byte("NOTIFY"), []byte("SET"), []byte("VALUE"), e.value)
-	ts := e.version.String()
+	key := string(s.tab.key(i))
+	payload := resp.AppendCommand(nil, []byte("NOTIFY"), []byte("SET"), []byte("VALUE"), s.tab.value(i))
+	ts := s.tab.version(i).String()
 	for id := range w {
-		s.publishNotify(id, e.key, payload, ts)
+		s.publishNotify(id, key, payload, ts)
 	}
 }
 
 // notifyDelete tells the watchers of key that it is gone (deleted or expired).
 // The caller holds s.mu.
 func (s *Server) notifyDelete(key string) {
-	w := s.tab.watchers(key)
+	w := s.tab.watchers([]byte(key))
 	if len(w) == 0 {
 		return
 	}

@@ -105,6 +105,7 @@ func (s *Server) drain(rec *connRec) {
 			if !s.fitsNotification(rec, n.topic, props, len(n.payload)) {
 				continue // rec is doomed: the queue is dropped
 			}
+			s.waitForRoom(rec.cl) // for a client that subscribed at QoS 0 too
 			s.publish(n.topic, n.payload, props)
 		}
 	}

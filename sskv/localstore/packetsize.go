@@ -122,6 +122,7 @@ var codePacketTooLarge = packets.ErrPacketTooLarge // 0x95
 // announced: then an -ERR MsgResponseTooLarge goes in its place, and a
 // client that even that does not fit is disconnected with 0x95.
 func (s *Server) answer(cl *mqtt.Client, topic string, corr []byte, res result) {
+	s.waitForRoom(cl) // for a client that subscribed at QoS 0 too (see writequeue.go)
 	max := maxPacketSize(cl)
 	if max == 0 {
 		s.reply(cl.ID, topic, corr, res)

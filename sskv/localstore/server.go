@@ -156,6 +156,13 @@ const (
 	DefaultWriteTimeout       = 5 * time.Second
 )
 
+// clientReadBufferSize is the size of the buffer the broker reads each
+// connection through (mochi's default is 2 KiB), held for as long as the
+// connection lasts. A larger packet's payload is read straight into its own
+// buffer, so a smaller one only means more reads for a burst of small
+// packets.
+const clientReadBufferSize = 512
+
 // maxPacketSizeLimit is MQTT's largest packet: a remaining length of at most
 // 268,435,455 bytes.
 const maxPacketSizeLimit = 268435455
@@ -195,6 +202,9 @@ type Server struct {
 
 	// observe, set only by tests, sees every notification as it is published.
 	observe func(clientID, key string, payload []byte, ts string)
+	// onRoomWait, set only by tests, sees every sender that starts waiting
+	// for room in a client's queue of pending writes (see waitForRoom).
+	onRoomWait atomic.Pointer[func(clientID string)]
 
 	plain, secure *listener
 	bg            sync.WaitGroup // drain goroutines and slow-client disconnects
@@ -246,7 +256,7 @@ func Start(cfg Config) (*Server, error) {
 	s := &Server{
 		cfg:      cfg,
 		log:      log,
-		tab:      newTable(),
+		tab:      newTable(cfg.NodeID),
 		wake:     make(chan struct{}, 1),
 		conns:    make(map[string]*mqtt.Client),
 		latest:   make(map[string]*connRec),
@@ -274,9 +284,15 @@ func Start(cfg Config) (*Server, error) {
 	// waiting to be written. The store disconnects such a client first (see
 	// outbox and hook.OnQosPublish): its own limit, MaxPendingMessages, is
 	// the one reached, and a drop the broker still makes (OnPublishDropped)
-	// disconnects the client too.
+	// disconnects the client too. Senders wait for room in the queue of
+	// pending writes (see writequeue.go).
 	caps.MaximumInflight = 65535
+	// Senders wait for room in the queue of pending writes (see
+	// writequeue.go), so it need not hold every message the store allows.
 	caps.MaximumClientWritesPending = int32(cfg.MaxPendingMessages)
+	if writeQueueKnown() {
+		caps.MaximumClientWritesPending = writeQueueSize
+	}
 	s.broker = mqtt.New(&mqtt.Options{
 		Capabilities: caps,
 		Logger:       slog.New(packetSummaries{log.Handler()}).With("component", "broker"),
@@ -288,6 +304,7 @@ func Start(cfg Config) (*Server, error) {
 		// buffered with it are lost. With a buffer size of 1 every packet is
 		// written as it comes.
 		ClientNetWriteBufferSize: 1,
+		ClientNetReadBufferSize:  clientReadBufferSize,
 		SysTopicResendInterval:   30,
 	})
 	s.inline = s.broker.NewClient(nil, "local", "$statestore", true)
@@ -433,7 +450,7 @@ func (s *Server) Connected(clientID string) bool {
 func (s *Server) Watching(clientID, key string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	_, ok := s.tab.watchers(key)[clientID]
+	_, ok := s.tab.watchers([]byte(key))[clientID]
 	return ok
 }
 
@@ -455,7 +472,7 @@ func (s *Server) Now() hlc.Timestamp {
 func (s *Server) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.tab.keys)
+	return s.tab.len()
 }
 
 func (s *Server) wallClock() time.Time {
@@ -651,16 +668,16 @@ func (s *Server) expiryLoop() {
 	defer timer.Stop()
 	for {
 		s.mu.Lock()
-		now := time.Now()
-		for e := s.tab.popExpired(now); e != nil; e = s.tab.popExpired(now) {
-			s.notifyDelete(e.key)
+		now := s.tab.now()
+		for key, ok := s.tab.popExpired(now); ok; key, ok = s.tab.popExpired(now) {
+			s.notifyDelete(key)
 		}
-		next := s.tab.nextExpiry()
+		next, ok := s.tab.nextExpiry()
 		s.mu.Unlock()
 
 		wait := time.Hour
-		if !next.IsZero() {
-			wait = time.Until(next)
+		if ok {
+			wait = s.tab.untilDeadline(next)
 		}
 		timer.Reset(wait)
 		select {
