@@ -37,34 +37,47 @@
 // A Lock that waits ([Lock.Lock]) sends no request while the holder keeps
 // renewing; a free lock costs one request. Waiters queue in the order they
 // came, with the primitives the state store has (no list, scan or
-// compare-and-swap): a waiter joins with a SET of the lock's queue key
-// (Name + "\x00queue", which expires 10 TTLs after the last join), and the
-// version the store gives that SET is its place. Every waiting Lock
-// watches the queue key and the lock's key (KEYNOTIFY), so each knows the
-// order, and who has been served. When the key is released or expires, only
-// the first waiter tries; the others let a grace pass per waiter ahead of
-// them (TTL/50, at least 20 ms; at most four graces) in case it is gone. A FenceKey holder hands
-// the key to the first waiter in one fenced SET (a reservation only that
-// waiter can take). A holder that calls Lock again right after Unlock joins
-// behind the waiters.
+// compare-and-swap), and without telling every waiter of every change:
+//
+//   - The holder keeps the queue, in memory. Each Lock in a queue watches
+//     its own inbox key (Name + "\x00inbox\x00" + HolderID), and the others
+//     tell it things with a SET of that key; messages expire after 10 TTLs.
+//   - A waiter reads the lock's key to learn the holder and joins by writing
+//     its record into the holder's inbox. The holder confirms the join, or
+//     tells the waiter that it is one of the first two.
+//   - Only the first two waiters watch the lock's key (KEYNOTIFY), and a
+//     waiter whose join is not confirmed yet: the holder may keep no queue
+//     (it took a free lock without waiting, or with TryLock), and then the
+//     waiter races for the release and joins whoever won.
+//   - A release hands the queue to the first waiter with one message, after
+//     the delete (or, with FenceKey, after a fenced SET of that waiter's
+//     record: a reservation that only it can take). It takes the lock and
+//     keeps the queue from then on. A holder that locks again at once joins
+//     at the back.
+//   - If the holder is gone (the key expired), the first waiter takes the
+//     key at once and the second after a grace (TTL/50, at least 20 ms), in
+//     case the first is gone too. A Lock that took the key without being
+//     handed the queue calls a roll on the queue key (Name + "\x00queue"),
+//     which every Lock in a queue watches, and a waiter missing from it
+//     joins again: that costs a notification per waiter, after faults only.
 //
 // The bound: a Lock call is overtaken at most 2N times, with N other Locks
-// waiting. A Lock whose place was missed (its join was not seen by the
-// holder that handed over, after a reconnect, or a free-for-all after a
-// crash) sees a later waiter served first, and joins again at the back:
-// each other waiter overtakes it at most twice. Locks that take a free lock
-// without queueing (TryLock, or a Lock that found the lock free) can take it
-// only in the moment between a release and its take-over by the first
-// waiter; a FenceKey handover leaves no such moment. Config.Race turns the
-// queue off: waiters then race for each release, as the SDK's do (package
-// leader does this for an election's few candidates).
+// waiting. A confirmed waiter is served in order, so each other waiter
+// overtakes it at most once, and at most once more if the queue is lost (a
+// crash) and it joins again. Locks that take a free lock without queueing
+// (TryLock, or a Lock that found the lock free) can take it only in the
+// moment between a release and its take-over by the first waiter; a
+// FenceKey handover leaves no such moment. Config.Race turns the queue off:
+// waiters then race for each release, as the SDK's do (package leader does
+// this for an election's few candidates).
 //
 // Costs, measured with BenchmarkWaiters (each holder holds 20 ms, and locks
-// again once another has the lock): about 3 requests per handover (the
-// release, the take-over, the old holder's join), whatever the number of
-// waiters; handover p50 1.7 ms with 10 waiters, 10 ms with 100. What grows
-// with the number of waiters is notifications: each waiter is told of each
-// change of both keys.
+// again once another has the lock): 8 requests per handover whatever the
+// number of waiters (the release, the turn, the take-over, telling the new
+// second waiter, its KEYNOTIFY and GET, the new holder's KEYNOTIFY STOP, the
+// old holder's join), and about as many notifications; handover p50 2.5 ms
+// with 10, 100 or 400 waiters. A contended Lock costs 9 requests to enter
+// the wait.
 //
 // After a reconnect the watches report that they may have missed changes
 // and the waiter checks at once; as a last safeguard it also checks after

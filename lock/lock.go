@@ -132,15 +132,16 @@ func (l *Lock) TryLock(ctx context.Context) (bool, error) {
 // holds it. When it returns nil, this Lock holds the key, with at least
 // RenewDeadline before it could be lost.
 //
-// A free lock costs one request. Otherwise the Lock joins the lock's queue
-// and watches it and the key (KEYNOTIFY), and sleeps until its turn: the
-// key is deleted (released or expired) and no waiter that came before it is
-// still waiting, or the holder hands the key to it. It sends no request
-// while the holder keeps renewing. Waiters are served in the order they
-// came, and a Lock call is overtaken at most 2N times with N other waiters
-// (see the package documentation; Config.Race turns the queue off). After a
-// reconnect, or if notifications were lost, it checks again at once, and as
-// a safeguard it checks after 10 TTLs without news.
+// A free lock costs one request. Otherwise the Lock joins the lock's queue,
+// which the holder keeps, and sleeps on its own inbox key (KEYNOTIFY) until
+// its turn: the holder hands the lock to it at its release, or (when the
+// Lock is one of the first two waiters, which watch the key) the key
+// expires with nobody to hand it over. It sends no request while the holder
+// keeps renewing. Waiters are served in the order they came, and a Lock
+// call is overtaken at most 2N times with N other waiters (see the package
+// documentation; Config.Race turns the queue off). After a reconnect, or if
+// notifications were lost, it checks again at once, and as a safeguard it
+// checks after 10 TTLs without news.
 //
 // A waiter never takes a key that someone may still believe they hold.
 // The store may have restarted, and lost the key, while the client was
@@ -614,9 +615,10 @@ func (l *Lock) release(ctx context.Context) error {
 		return l.wrap("unlock", err)
 	}
 	if handover {
-		// After the delete: the first waiter takes the key when its turn
-		// comes (or, if the delete failed, when the key expires).
-		defer l.q.sendTurn(hlc.Timestamp{})
+		// The turn goes out with the delete: the first waiter, which
+		// watches the key, takes it when both have come (or, if the delete
+		// fails, when the key expires).
+		l.q.sendTurn(hlc.Timestamp{})
 	}
 	// Without a fence there is no write that replaces only this holding's
 	// record: the release deletes it, and the first waiter in the queue

@@ -392,8 +392,17 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 			case !st.watchKey && st.watching:
 				q.unwatchKey()
 				continue
+			case st.turn && !st.reserved && st.watching && !st.free && !graced:
+				// The lock is released to this Lock, and the release's
+				// delete is on its way: take the key when it comes (or
+				// after a grace, in case it came before the watch).
+				if !graceSet {
+					graceSet = true
+					grace.Reset(l.queueGrace())
+				}
 			case st.turn || st.reserved:
 				// The lock was released to this Lock.
+				graced, graceSet = false, false
 				ft := hlc.Timestamp{}
 				if l.cfg.FenceKey {
 					ft = st.token
