@@ -88,6 +88,7 @@ type Watcher struct {
 	running   bool // a forwarder goroutine runs, or f is being called: only while events are pending
 	held      bool // the forwarder holds an event it is sending: it counts against the buffer
 	outClosed bool // the watch has ended and delivers nothing more (Events is closed, done was called)
+	chClosed  bool // Events is closed: the watch ended, or was handed off to a function
 	resync    bool // a Resync event is owed after the queue
 	ended     bool
 	last      stamp // the state of the last event handed out (or the baseline), so that a Resync never repeats it
@@ -691,7 +692,7 @@ func (w *Watcher) end(err error, unregister bool) {
 	c := w.c
 	c.wmu.Lock()
 	if w.ended {
-		wait := w.out != nil && !w.outClosed // its forwarder is closing Events
+		wait := w.fn == nil && !w.outClosed // its forwarder is closing Events
 		c.wmu.Unlock()
 		if wait {
 			<-w.fwd.exited
@@ -724,7 +725,7 @@ func (w *Watcher) end(err error, unregister bool) {
 	switch {
 	case !running:
 		done = w.closeOut()
-	case w.out != nil:
+	case w.fn == nil:
 		close(w.fwd.stop) // a send blocked on Events gives up
 	}
 	stopAfter := w.stopAfter
@@ -735,7 +736,7 @@ func (w *Watcher) end(err error, unregister bool) {
 	if done != nil {
 		done(err)
 	}
-	if running && w.out != nil {
+	if running && w.fn == nil {
 		<-w.fwd.exited
 	}
 	if stopped != nil {
@@ -783,7 +784,7 @@ func (w *Watcher) enqueue(ev Event) *Watcher {
 	if w.ended {
 		return nil
 	}
-	if w.out != nil && !w.running && w.n == 0 && !w.resync {
+	if w.fn == nil && !w.running && w.n == 0 && !w.resync {
 		// Nothing pending: straight into the channel if it has room, with
 		// no goroutine.
 		select {
@@ -862,19 +863,99 @@ func (w *Watcher) closeOut() (done func(error)) {
 	}
 	w.outClosed = true
 	w.q, w.head, w.n, w.resync = nil, 0, 0, false
-	if w.out == nil {
+	if w.out != nil && !w.chClosed {
+		w.chClosed = true
+		select {
+		case <-w.out: // not received before the end: a stopped watcher's channel is empty
+		default:
+		}
+		close(w.out)
+		if w.fwd != nil {
+			close(w.fwd.exited)
+		}
+	}
+	if w.fn != nil {
 		done, w.onDone = w.onDone, nil
 		return done
 	}
+	return nil
+}
+
+// Handoff turns a watcher made by [Client.Watch] into one like those of
+// [Client.WatchFunc]: from now on f is called with its events, starting
+// with those not yet received from the Events channel, and done once when
+// the watch ends. The Events channel is closed, without ending the watch.
+// Nothing may receive from Events meanwhile or after. f and done follow
+// the rules of WatchFunc; f may be called before Handoff returns. A
+// program that stops reading a watcher can so go on with it without a
+// goroutine, and without missing or repeating an event.
+//
+// Handoff returns once Events is closed. It reports false, and changes
+// nothing, if the watch has ended or was made by WatchFunc or handed off
+// already.
+func (w *Watcher) Handoff(f func(Event), done func(error)) bool {
+	if f == nil {
+		return false
+	}
+	if done == nil {
+		done = func(error) {}
+	}
+	c := w.c
+	c.wmu.Lock()
+	if w.ended || w.fn != nil {
+		c.wmu.Unlock()
+		return false
+	}
+	w.fn, w.onDone = f, done
+	if w.running {
+		close(w.fwd.stop) // the forwarder hands over (see run)
+		c.wmu.Unlock()
+		<-w.fwd.exited
+		return true
+	}
+	next := w.handOver()
+	c.wmu.Unlock()
+	if next != nil {
+		next.deliver()
+	}
+	return true
+}
+
+// handOver completes a Handoff once no forwarder runs: an event left in
+// the channel goes back to the front of the queue, the channel is closed,
+// and the pending events go to f. It returns the watcher if the caller
+// must deliver them (see deliveries). The caller holds c.wmu.
+func (w *Watcher) handOver() *Watcher {
 	select {
-	case <-w.out: // not received before the end: a stopped watcher's channel is empty
+	case ev := <-w.out:
+		w.pushFront(ev)
 	default:
 	}
+	w.chClosed = true
 	close(w.out)
 	if w.fwd != nil {
 		close(w.fwd.exited)
 	}
-	return nil
+	w.running, w.held = false, false
+	if w.n == 0 && !w.resync {
+		return nil
+	}
+	return w.signal()
+}
+
+// pushFront puts ev back at the head of the queue, beyond WatchBuffer if
+// need be: it was handed out once already. The caller holds c.wmu.
+func (w *Watcher) pushFront(ev Event) {
+	if int(w.n) == len(w.q) {
+		q := make([]Event, max(2, 2*len(w.q)))
+		for i := range int(w.n) {
+			q[i] = w.q[(int(w.head)+i)%len(w.q)]
+		}
+		w.q, w.head = q, 0
+	}
+	w.head = int32((int(w.head) - 1 + len(w.q)) % len(w.q))
+	w.q[w.head] = ev
+	w.n++
 }
 
 // next pops the next event to deliver. The caller holds c.wmu.
@@ -918,6 +999,14 @@ func (w *Watcher) run() {
 	c := w.c
 	for {
 		c.wmu.Lock()
+		if w.fn != nil && !w.ended { // handed off (see Handoff)
+			next := w.handOver()
+			c.wmu.Unlock()
+			if next != nil {
+				next.deliver()
+			}
+			return
+		}
 		var ev Event
 		ok := false
 		if !w.ended {
@@ -926,10 +1015,15 @@ func (w *Watcher) run() {
 		w.held = ok
 		if !ok {
 			w.running = false
+			var done func(error)
 			if w.ended {
-				w.closeOut()
+				done = w.closeOut()
 			}
+			err := w.err
 			c.wmu.Unlock()
+			if done != nil {
+				done(err)
+			}
 			return
 		}
 		c.wmu.Unlock()
@@ -937,9 +1031,22 @@ func (w *Watcher) run() {
 		case w.out <- ev:
 		case <-w.fwd.stop:
 			c.wmu.Lock()
+			if w.fn != nil && !w.ended { // handed off with ev in hand: it goes first
+				w.pushFront(ev)
+				next := w.handOver()
+				c.wmu.Unlock()
+				if next != nil {
+					next.deliver()
+				}
+				return
+			}
 			w.running, w.held = false, false
-			w.closeOut()
+			done := w.closeOut()
+			err := w.err
 			c.wmu.Unlock()
+			if done != nil {
+				done(err)
+			}
 			return
 		}
 	}

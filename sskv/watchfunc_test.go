@@ -344,3 +344,66 @@ func TestIdleWatchersCostNoGoroutine(t *testing.T) {
 		ws[i].Stop()
 	}
 }
+
+// TestHandoff: a channel watcher handed off to a function goes on there
+// with the events not yet received from its channel, none missed or
+// repeated, whether a forwarder was running or not.
+func TestHandoff(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	c := dial(t, srv)
+	other := dial(t, srv)
+	ctx := testCtx(t)
+	for _, pending := range []int{0, 1, 5} {
+		t.Run(strconv.Itoa(pending), func(t *testing.T) {
+			key := "k" + strconv.Itoa(pending)
+			w, err := c.Watch(ctx, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer w.Stop()
+			if _, err := other.Set(ctx, key, []byte("read"), sskv.SetOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if ev := nextEvent(t, w); string(ev.Value) != "read" {
+				t.Fatalf("event %+v", ev)
+			}
+			var last sskv.SetResult
+			for i := range pending {
+				if last, err = other.Set(ctx, key, []byte(strconv.Itoa(i)), sskv.SetOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			eventually(t, "the client to learn the last change", func() bool {
+				v, _ := sskv.KnownForTest(c, key)
+				return pending == 0 || v == last.Version
+			})
+			fw := &funcWatch{t: t, events: make(chan sskv.Event, 100), ended: make(chan error, 2)}
+			fw.w = w
+			if !w.Handoff(fw.f, fw.done) {
+				t.Fatal("Handoff refused")
+			}
+			if w.Handoff(fw.f, fw.done) {
+				t.Fatal("a second Handoff accepted")
+			}
+			if _, ok := <-w.Events(); ok {
+				t.Fatal("Events open after Handoff")
+			}
+			for i := range pending {
+				if ev := fw.next(); ev.Resync || string(ev.Value) != strconv.Itoa(i) {
+					t.Fatalf("event %+v, want %d", ev, i)
+				}
+			}
+			if _, err := other.Set(ctx, key, []byte("after"), sskv.SetOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if ev := fw.next(); ev.Resync || string(ev.Value) != "after" {
+				t.Fatalf("event %+v, want after", ev)
+			}
+			fw.noEvent()
+			w.Stop()
+			if err := fw.end(); err != nil {
+				t.Fatalf("done(%v)", err)
+			}
+		})
+	}
+}
