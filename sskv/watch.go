@@ -123,7 +123,7 @@ type registration struct {
 	base      stamp
 	initial   bool          // the first sync (at Watch) has not finished
 	syncGen   uint64        // connection of the latest sync started
-	ready     chan struct{} // closed when the first sync ends (err says how)
+	ready     chan struct{} // closed when the first sync ends (err says how), then nil
 	err       error
 	// syncs counts the syncs in progress, each started while reg was the
 	// key's registration: the KEYNOTIFY STOP that ends reg waits for them,
@@ -369,7 +369,8 @@ func (c *Client) syncReg(ctx context.Context, reg *registration, cn *Conn) error
 		if reg.lastSeq <= r.seq && !ambiguous {
 			switch {
 			case g.Found && (reg.known.version.IsZero() || !reg.known.version.After(g.Version)):
-				reg.known = keyState{exists: true, value: g.Value, version: g.Version}
+				// A copy: the value may sit in a much larger read buffer.
+				reg.known = keyState{exists: true, value: bytes.Clone(g.Value), version: g.Version}
 			case !g.Found && reg.known.exists:
 				reg.known = keyState{version: reg.known.version, unseen: true}
 			}
@@ -383,6 +384,7 @@ func (c *Client) syncReg(ctx context.Context, reg *registration, cn *Conn) error
 			w.last = reg.known.stamp() // the baseline: Watch reports changes after it
 		}
 		close(reg.ready)
+		reg.ready = nil // nobody waits for it any more: free it
 		c.wmu.Unlock()
 		return nil
 	}
@@ -499,6 +501,7 @@ func (c *Client) endRegistration(reg *registration, err error, unregister bool) 
 	if reg.initial {
 		reg.initial = false
 		close(reg.ready)
+		reg.ready = nil
 	}
 	ws := append([]*Watcher(nil), reg.watchers...)
 	c.wmu.Unlock()
@@ -608,6 +611,9 @@ func (c *Client) notify(key []byte, n notification) deliveries {
 		if !known.version.IsZero() && !n.version.After(known.version) {
 			return deliveries{} // a duplicate or stale notification
 		}
+		// A copy: the value sits in the packet's read buffer, often several
+		// times its size, which the registration would keep while idle.
+		n.value = bytes.Clone(n.value)
 		*known = keyState{exists: true, value: n.value, version: n.version}
 	case OpDelete:
 		if !known.exists || !n.version.After(known.version) {
