@@ -50,6 +50,10 @@ type holding struct {
 	acquired hlc.Timestamp
 }
 
+// notHeld is the holding of every Lock that holds nothing yet. Ended, it
+// never changes, and the Locks share it.
+var notHeld = endedHolding(ErrNotHeld)
+
 // endedHolding is the holding of a Lock that holds nothing yet: ended, with
 // cause as its error.
 func endedHolding(cause error) *holding {

@@ -71,13 +71,13 @@ func New(c *sskv.Client, cfg Config) (*Lock, error) {
 	l := &Lock{
 		c:     c,
 		cfg:   cfg,
-		log:   cfg.Logger.With("lock", cfg.Name, "holder", cfg.HolderID),
+		log:   lockLogger(&cfg),
 		turn:  make(chan struct{}, 1),
 		val:   bytes.Clone(cfg.Value),
 		nonce: randomHex(8),
 	}
 	l.life, l.kill = context.WithCancelCause(context.Background())
-	l.cur = endedHolding(ErrNotHeld)
+	l.cur = notHeld
 	return l, nil
 }
 
