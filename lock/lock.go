@@ -603,7 +603,7 @@ func (l *Lock) release(ctx context.Context) error {
 		case errors.Is(err, sskv.ErrFencingTokenLower):
 			l.log.Info("released; a newer holder has the key")
 			return nil
-		case lost(conn):
+		case lost(conn) || errors.Is(err, sskv.ErrNotSent):
 			return l.wrap("unlock", fmt.Errorf("%w; the key is gone or expires within its TTL: %w", ErrNotReleased, err))
 		}
 		return l.wrap("unlock", err)
@@ -612,7 +612,9 @@ func (l *Lock) release(ctx context.Context) error {
 	// record: the release deletes it, and the first waiter in the queue
 	// takes it (see queue.go).
 	res, err := conn.VDel(ctx, l.cfg.Name, h.record(), opts)
-	if err != nil && lost(conn) {
+	// ErrNotSent: the connection is lost, though the client may not have
+	// marked it so yet (the write failed first).
+	if err != nil && (lost(conn) || errors.Is(err, sskv.ErrNotSent)) {
 		err = fmt.Errorf("%w; the key is gone or expires within its TTL: %w", ErrNotReleased, err)
 	}
 	if errors.Is(err, sskv.ErrFencingTokenLower) {
