@@ -185,8 +185,9 @@ func (c *Client) Watch(ctx context.Context, key string) (*Watcher, error) {
 // done after the last call of f has returned; f may be called before
 // WatchFunc returns.
 //
-// f and done run on the client's own goroutines, often the one that
-// receives every response and notification of the connection: they must
+// f and done run on the client's goroutines (done also in Stop, or
+// Close), often the one that receives every response and notification of
+// the connection: they must
 // return quickly, and must not wait for anything the client does, such as
 // a request's answer (hand such work to a goroutine of your own). They may
 // call [Watcher.Stop]. While f is slow, the watcher's later events queue
@@ -689,7 +690,8 @@ func (w *Watcher) Err() error {
 // called from f or done. When it is the key's last watcher, Stop also ends
 // the registration with the service (KEYNOTIFY STOP, bounded by
 // RequestTimeout; skipped while disconnected, since the service ends
-// watches on disconnect). Stop is idempotent.
+// watches on disconnect; a WatchFunc watcher's goes out in the background).
+// Stop is idempotent.
 func (w *Watcher) Stop() { w.end(nil, true) }
 
 // end ends the watcher with err. unregister sends KEYNOTIFY STOP when it was
@@ -745,13 +747,22 @@ func (w *Watcher) end(err error, unregister bool) {
 	if running && w.fn == nil {
 		<-w.fwd.exited
 	}
-	if stopped != nil {
+	if stopped == nil {
+		return
+	}
+	unregisterKey := func() {
 		reg.syncs.Wait() // a KEYNOTIFY in flight goes before the STOP
 		c.sendStop(reg.key)
 		c.wmu.Lock()
 		delete(c.stopping, reg.key)
 		c.wmu.Unlock()
 		close(stopped)
+	}
+	// A WatchFunc watcher may be stopped from f, on the goroutine that
+	// receives the answers: it must not wait for one there. Its STOP goes
+	// out in the background (a new watch of the key waits for it).
+	if w.fn == nil || !c.spawn(unregisterKey) {
+		unregisterKey()
 	}
 }
 

@@ -215,9 +215,8 @@ func TestWatchFuncStop(t *testing.T) {
 	if fw.w.Err() != nil {
 		t.Fatalf("Err after Stop: %v", fw.w.Err())
 	}
-	if srv.Watching(c.ID(), "k") {
-		t.Fatal("the registration outlived the last watcher")
-	}
+	// The STOP goes out in the background.
+	eventually(t, "the registration to end with the last watcher", func() bool { return !srv.Watching(c.ID(), "k") })
 	if _, err := other.Set(ctx, "k", []byte("after"), sskv.SetOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -405,5 +404,51 @@ func TestHandoff(t *testing.T) {
 				t.Fatalf("done(%v)", err)
 			}
 		})
+	}
+}
+
+// TestWatchFuncStopFromFLast: the last watcher of a key stopped from its
+// own f, on the goroutine that receives the answers, ends the registration
+// without waiting there for the STOP's answer, and the client goes on.
+func TestWatchFuncStopFromFLast(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	c := dial(t, srv, func(cfg *sskv.Config) { cfg.RequestTimeout = waitTimeout })
+	other := dial(t, srv)
+	ctx := testCtx(t)
+
+	var self atomic.Pointer[sskv.Watcher]
+	ready := make(chan struct{})
+	ended := make(chan error, 1)
+	w, err := c.WatchFunc(ctx, "k", func(sskv.Event) {
+		<-ready
+		self.Load().Stop()
+	}, func(err error) { ended <- err })
+	if err != nil {
+		t.Fatal(err)
+	}
+	self.Store(w)
+	close(ready)
+	start := time.Now()
+	if _, err := other.Set(ctx, "k", []byte("v"), sskv.SetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-ended; err != nil {
+		t.Fatalf("done(%v)", err)
+	}
+	eventually(t, "the registration to end", func() bool { return !srv.Watching(c.ID(), "k") })
+	if _, err := c.Get(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > waitTimeout/2 {
+		t.Fatalf("took %v: the STOP waited on the receiving goroutine", took)
+	}
+	// A new watch of the key registers again.
+	fw := watchFunc(t, c, ctx, "k")
+	defer fw.w.Stop()
+	if _, err := other.Set(ctx, "k", []byte("again"), sskv.SetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if ev := fw.next(); string(ev.Value) != "again" {
+		t.Fatalf("event %+v", ev)
 	}
 }
