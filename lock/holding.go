@@ -83,13 +83,17 @@ func newHolding(l *Lock, token hlc.Timestamp, rec []byte, sent time.Time, conn *
 }
 
 // start has the client's renewer renew the holding, acquired by a SET sent
-// at sent, and with FenceKey starts its guard.
+// at sent, and with FenceKey starts its guard. The renewer has it first:
+// the guard may judge events at once (those the waiter had not read), and
+// a holding it loses must leave the renewer's schedule.
 func (h *holding) start(sent time.Time) {
 	if h.l.cfg.FenceKey {
 		h.guards = make(chan struct{})
-		h.guard()
 	}
 	h.sched.add(h, sent)
+	if h.l.cfg.FenceKey {
+		h.guard()
+	}
 }
 
 // expiry returns the renew deadline.
