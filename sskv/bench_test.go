@@ -126,13 +126,19 @@ func BenchmarkGetParallel64(b *testing.B) {
 func BenchmarkIdleWatchers(b *testing.B) {
 	const n = 1000
 	srv := startStore(b, localstore.Config{})
-	c := dial(b, srv)
 	other := dial(b, srv)
 	ctx := context.Background()
 	for _, kind := range []string{"chan", "func"} {
 		b.Run(kind, func(b *testing.B) {
 			var bytes, goroutines float64
 			for b.Loop() {
+				// A client of its own, closed at the end: Close waits for
+				// the STOPs a WatchFunc watcher's Stop sends in the
+				// background, before the next round measures.
+				c, err := tryDial(b, srv)
+				if err != nil {
+					b.Fatal(err)
+				}
 				keys := make([]string, n)
 				for i := range keys {
 					keys[i] = fmt.Sprintf("idle-%s-%d", kind, i)
@@ -169,6 +175,7 @@ func BenchmarkIdleWatchers(b *testing.B) {
 				for _, w := range ws {
 					w.Stop()
 				}
+				_ = c.Close()
 			}
 			runs := float64(b.N) * n
 			b.ReportMetric(bytes/runs, "heap-B/watcher")
