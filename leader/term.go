@@ -41,14 +41,15 @@ func campaign(ctx context.Context, c *sskv.Client, election string, value []byte
 		return nil, &electionError{election, "campaign", err}
 	}
 	t := &Term{l: l, election: election, token: l.Token(), value: bytes.Clone(value)}
+	leading := o.metrics.Leading // not o: the term keeps no copy of the options
 	context.AfterFunc(l.Context(), func() {
 		t.ended.Store(time.Now())
-		if o.metrics.Leading != nil {
-			o.metrics.Leading(false)
+		if leading != nil {
+			leading(false)
 		}
 	})
-	if o.metrics.Leading != nil {
-		o.metrics.Leading(true)
+	if leading != nil {
+		leading(true)
 	}
 	return t, nil
 }

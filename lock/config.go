@@ -145,7 +145,20 @@ func (cfg Config) withDefaults(clientID string) (Config, error) {
 		return cfg, configErr("RenewInterval %v must be less than RenewDeadline %v: at least one renewal must be tried before the deadline", cfg.RenewInterval, cfg.RenewDeadline)
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
+		cfg.Logger = discardLogger
 	}
 	return cfg, nil
+}
+
+// discardLogger is the Logger of a Config that has none, shared.
+var discardLogger = slog.New(slog.DiscardHandler)
+
+// lockLogger returns cfg's Logger with the lock's name and holder id,
+// or the Logger itself when it discards everything: a Lock's logger then
+// costs nothing.
+func lockLogger(cfg *Config) *slog.Logger {
+	if cfg.Logger.Handler() == slog.DiscardHandler {
+		return cfg.Logger
+	}
+	return cfg.Logger.With("lock", cfg.Name, "holder", cfg.HolderID)
 }

@@ -97,7 +97,8 @@
 // what makes changing the value safe: the store refuses any write carrying
 // an older token, so a request of an earlier holding that arrives late can
 // never overwrite the current holder's record. A FenceKey holder also
-// watches its key, and its holding ends as lost the moment the key is
+// watches its key (a callback watch, sskv.Client.WatchFunc, or the waiter's
+// watch handed off to one: no goroutine), and its holding ends as lost the moment the key is
 // deleted behind its back (ErrKeyLost) or taken by another holder
 // (ErrHeldByOther); when the watch reports that it lost track of the key (a
 // Resync), the holder reads the key at once. Without FenceKey a deletion by

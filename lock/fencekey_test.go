@@ -3,10 +3,13 @@ package lock_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
 	"github.com/dsslock/dsslock/faultproxy"
+	"github.com/dsslock/dsslock/hlc"
 	"github.com/dsslock/dsslock/lock"
 	"github.com/dsslock/dsslock/sskv"
 )
@@ -149,5 +152,91 @@ func TestFenceKeyFrozenHolder(t *testing.T) {
 	h := holder(t, b)
 	if h.ID != b.HolderID() || !bytes.Equal(h.Value, []byte("b")) || h.Token != b.Token() {
 		t.Fatalf("Holder = %+v; want b's", h)
+	}
+}
+
+// The guard of a holding that came from a wait goes on with the waiter's
+// watch (handed off to a callback): a deletion by hand, or a takeover,
+// ends the holding as lost at once, with no goroutine of its own.
+func TestFenceKeyGuardAfterWait(t *testing.T) {
+	srv := startStore(t)
+	admin := dial(t, srv.Addr())
+	ctx := testCtx(t)
+	for _, tc := range []struct {
+		name   string
+		change func(key string, token hlc.Timestamp) error
+		want   error
+	}{
+		{"deleted", func(key string, token hlc.Timestamp) error {
+			_, err := admin.Del(ctx, key, sskv.DelOptions{FencingToken: token})
+			return err
+		}, lock.ErrKeyLost},
+		{"taken", func(key string, token hlc.Timestamp) error {
+			_, err := admin.Set(ctx, key, []byte("intruder\n"), sskv.SetOptions{FencingToken: token, Expiry: time.Second})
+			return err
+		}, lock.ErrHeldByOther},
+	} {
+		for _, race := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/race=%v", tc.name, race), func(t *testing.T) {
+				key := fmt.Sprintf("l-%s-%v", tc.name, race)
+				cfg := lock.Config{Name: key, FenceKey: true, TTL: time.Second, Race: race}
+				holder := newLock(t, dial(t, srv.Addr()), cfg)
+				wc := dial(t, srv.Addr())
+				waiter := newLock(t, wc, cfg)
+				mustLock(t, holder)
+				got := make(chan error, 1)
+				go func() { got <- waiter.Lock(ctx) }()
+				waitFor(t, "the waiter to watch", func() bool { return srv.Watching(wc.ID(), key) })
+				if err := holder.Unlock(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if err := <-got; err != nil {
+					t.Fatal(err)
+				}
+				if !srv.Watching(wc.ID(), key) {
+					t.Fatal("the holding does not watch its key")
+				}
+				if err := tc.change(key, waiter.Token()); err != nil {
+					t.Fatal(err)
+				}
+				select {
+				case <-waiter.Done():
+				case <-time.After(waitTimeout):
+					t.Fatal("the holding outlived the change of its key")
+				}
+				if !errors.Is(waiter.Err(), tc.want) {
+					t.Fatalf("Err = %v; want %v", waiter.Err(), tc.want)
+				}
+				if err := waiter.Unlock(ctx); err != nil {
+					t.Logf("Unlock: %v", err)
+				}
+				waitFor(t, "the watch to end with the holding", func() bool { return !srv.Watching(wc.ID(), key) })
+			})
+		}
+	}
+}
+
+// Held FenceKey locks cost no goroutine each: their guards are callback
+// watches.
+func TestFenceKeyHoldingsCostNoGoroutine(t *testing.T) {
+	srv := startStore(t)
+	c := dial(t, srv.Addr())
+	const n = 50
+	before := runtime.NumGoroutine()
+	ls := make([]*lock.Lock, n)
+	for i := range ls {
+		ls[i] = newLock(t, c, lock.Config{Name: fmt.Sprintf("l%d", i), FenceKey: true})
+		mustLock(t, ls[i])
+	}
+	for i := range ls {
+		waitFor(t, "the guard to watch", func() bool { return srv.Watching(c.ID(), fmt.Sprintf("l%d", i)) })
+	}
+	if extra := runtime.NumGoroutine() - before; extra > n/5 {
+		t.Fatalf("%d held locks added %d goroutines", n, extra)
+	}
+	for _, l := range ls {
+		if err := l.Unlock(testCtx(t)); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

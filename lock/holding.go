@@ -19,7 +19,7 @@ type holding struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	sched  *renewer      // renews it; nil for a Lock that holds nothing yet
-	guards chan struct{} // closed when the guard has returned; nil if there is none
+	guards chan struct{} // closed when the guard has ended; nil if there is none
 
 	scheduling // guarded by sched.mu
 
@@ -50,6 +50,10 @@ type holding struct {
 	acquired hlc.Timestamp
 }
 
+// notHeld is the holding of every Lock that holds nothing yet. Ended, it
+// never changes, and the Locks share it.
+var notHeld = endedHolding(ErrNotHeld)
+
 // endedHolding is the holding of a Lock that holds nothing yet: ended, with
 // cause as its error.
 func endedHolding(cause error) *holding {
@@ -79,13 +83,17 @@ func newHolding(l *Lock, token hlc.Timestamp, rec []byte, sent time.Time, conn *
 }
 
 // start has the client's renewer renew the holding, acquired by a SET sent
-// at sent, and with FenceKey starts its guard.
+// at sent, and with FenceKey starts its guard. The renewer has it first:
+// the guard may judge events at once (those the waiter had not read), and
+// a holding it loses must leave the renewer's schedule.
 func (h *holding) start(sent time.Time) {
 	if h.l.cfg.FenceKey {
 		h.guards = make(chan struct{})
-		go h.guard(h.guards)
 	}
 	h.sched.add(h, sent)
+	if h.l.cfg.FenceKey {
+		h.guard()
+	}
 }
 
 // expiry returns the renew deadline.
@@ -95,8 +103,9 @@ func (h *holding) expiry() time.Time {
 	return h.expires
 }
 
-// connection0 returns the connection the holding last saw its key on.
-func (h *holding) connection0() *sskv.Conn {
+// lastConn returns the connection the holding last saw its key on, without
+// confirming anything (see connection for one its writes may go out on).
+func (h *holding) lastConn() *sskv.Conn {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.conn
@@ -373,46 +382,53 @@ func (h *holding) confirm(ctx context.Context) (*sskv.Conn, error) {
 // store) or taken by another holder. A renewal could not tell: its SET NEX
 // would simply create the key again, after another holder may have held
 // it in between. When the watch reports that it lost track of the key (a
-// Resync), the guard has the renewer confirm the key at once. It closes
-// done when it returns, after the holding ended.
-func (h *holding) guard(done chan<- struct{}) {
-	defer close(done)
+// Resync), the guard has the renewer confirm the key at once. The guard is
+// a callback watch (judge), with no goroutine of its own: it goes on with
+// the waiter's watch, handed off to judge, or else watches the key anew,
+// from a goroutine that lasts only until the watch is registered. It
+// closes h.guards once the watch has ended, after the holding did (or
+// when there is no watch).
+func (h *holding) guard() {
 	l := h.l
-	var w *sskv.Watcher
 	if h.watch != nil {
-		w = h.watch.w
-		stop := context.AfterFunc(h.ctx, h.watch.cancel)
-		defer stop()
-		defer h.watch.cancel()
-	} else {
-		var err error
-		if w, err = l.c.Watch(h.ctx, l.cfg.Name); err != nil {
+		ww := h.watch
+		h.watch = nil
+		if !ww.w.Handoff(h.judge, h.guardEnded) {
+			// The waiter's watch has ended: the renewals alone guard the key.
+			ww.cancel()
+			close(h.guards)
+			return
+		}
+		// The watch ends with the holding.
+		context.AfterFunc(h.ctx, ww.cancel)
+		return
+	}
+	go func() {
+		// No Stop: the watch ends with h.ctx, and its KEYNOTIFY STOP goes
+		// out in the background. Stop would wait for the STOP's answer, and
+		// the end of the holding (Unlock, Resign) with it: up to the
+		// client's RequestTimeout when that answer is lost.
+		if _, err := l.c.WatchFunc(h.ctx, l.cfg.Name, h.judge, h.guardEnded); err != nil {
 			if h.ctx.Err() == nil {
 				l.log.Debug("cannot watch the held key; renewals alone guard it", "error", err)
 			}
-			<-h.ctx.Done()
+			close(h.guards)
 			return
 		}
-		// No Stop: the watch ends with h.ctx, and its KEYNOTIFY STOP goes out
-		// in the background. Stop would wait for the STOP's answer, and the
-		// end of the holding (Unlock, Resign) with it: up to the client's
-		// RequestTimeout when that answer is lost.
 		// The watch reports changes after it was set up; one made while it
 		// was, shows in a confirmation.
 		h.askConfirm()
+	}()
+}
+
+// guardEnded is called once the guard's watch has ended: with the holding,
+// or before it (the client closed, the service refused to watch the key
+// again after a reconnect), and then the renewals alone guard the key.
+func (h *holding) guardEnded(err error) {
+	if h.ctx.Err() == nil {
+		h.l.log.Debug("the watch of the held key ended; renewals alone guard it", "error", err)
 	}
-	for {
-		select {
-		case <-h.ctx.Done():
-			return
-		case ev, ok := <-w.Events():
-			if !ok {
-				<-h.ctx.Done()
-				return
-			}
-			h.judge(ev)
-		}
-	}
+	close(h.guards)
 }
 
 // judge loses the holding if ev shows that its key is not its own any more.

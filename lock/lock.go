@@ -71,13 +71,13 @@ func New(c *sskv.Client, cfg Config) (*Lock, error) {
 	l := &Lock{
 		c:     c,
 		cfg:   cfg,
-		log:   cfg.Logger.With("lock", cfg.Name, "holder", cfg.HolderID),
+		log:   lockLogger(&cfg),
 		turn:  make(chan struct{}, 1),
 		val:   bytes.Clone(cfg.Value),
 		nonce: randomHex(8),
 	}
 	l.life, l.kill = context.WithCancelCause(context.Background())
-	l.cur = endedHolding(ErrNotHeld)
+	l.cur = notHeld
 	return l, nil
 }
 
@@ -607,7 +607,7 @@ func (l *Lock) release(ctx context.Context) error {
 			l.q.sendTurn(hlc.Timestamp{})
 			l.log.Info("released; a newer holder has the key")
 			return nil
-		case lost(conn):
+		case lost(conn) || errors.Is(err, sskv.ErrNotSent):
 			l.q.sendTurn(hlc.Timestamp{})
 			return l.wrap("unlock", fmt.Errorf("%w; the key is gone or expires within its TTL: %w", ErrNotReleased, err))
 		}
@@ -615,16 +615,17 @@ func (l *Lock) release(ctx context.Context) error {
 		return l.wrap("unlock", err)
 	}
 	if handover {
-		// The turn goes out with the delete: the first waiter, which
-		// watches the key, takes it when both have come (or, if the delete
-		// fails, when the key expires).
-		l.q.sendTurn(hlc.Timestamp{})
+		// After the delete: the first waiter takes the key when its turn
+		// comes (or, if the delete failed, when the key expires).
+		defer l.q.sendTurn(hlc.Timestamp{})
 	}
 	// Without a fence there is no write that replaces only this holding's
 	// record: the release deletes it, and the first waiter in the queue
 	// takes it (see queue.go).
 	res, err := conn.VDel(ctx, l.cfg.Name, h.record(), opts)
-	if err != nil && lost(conn) {
+	// ErrNotSent: the connection is lost, though the client may not have
+	// marked it so yet (the write failed first).
+	if err != nil && (lost(conn) || errors.Is(err, sskv.ErrNotSent)) {
 		err = fmt.Errorf("%w; the key is gone or expires within its TTL: %w", ErrNotReleased, err)
 	}
 	if errors.Is(err, sskv.ErrFencingTokenLower) {

@@ -137,6 +137,7 @@ type queue struct {
 	exited chan struct{}
 	sig    chan struct{} // capacity 1: the state changed
 	wake   chan struct{} // capacity 1: lw changed, for run
+	take   chan chan keyWatch
 
 	mu      sync.Mutex
 	ended   bool
@@ -150,14 +151,16 @@ type queue struct {
 	lastMsg hlc.Timestamp
 	// As a waiter.
 	joinedTo string // whom its join went to; "" when not joined
-	acked    bool   // the join was confirmed
-	head     byte   // toldFirst or toldSecond when it is told it is among the first
-	turn     bool   // the lock was released to it
-	keeper   bool   // it keeps the queue while someone who keeps none holds the lock
+	joinedAt time.Time
+	acked    bool // the join was confirmed
+	head     byte // toldFirst or toldSecond when it is told it is among the first
+	turn     bool // the lock was released to it
+	keeper   bool // it keeps the queue while someone who keeps none holds the lock
 	token    hlc.Timestamp
 	rejoin   bool // check the lock and join again
 	// The lock's key, while watched.
 	lw      *sskv.Watcher
+	lcancel context.CancelFunc // ends lw
 	free    bool
 	held    bool // the key was seen held
 	value   []byte
@@ -165,6 +168,7 @@ type queue struct {
 	unseen  time.Time // when a Resync found missing the key seen held
 	changed bool
 	lastSet time.Time // when the key was last seen written (or first watched)
+	known   bool      // the watch has told the key's state, or an attempt found it held
 	expired bool      // the key was deleted long after its last write: it expired
 }
 
@@ -193,7 +197,8 @@ func (l *Lock) engage(ctx context.Context) (*queue, error) {
 		return nil, ctx.Err()
 	}
 	q := &queue{l: l, ctx: qctx, cancel: cancel, iw: iw, ew: ew,
-		exited: make(chan struct{}), sig: make(chan struct{}, 1), wake: make(chan struct{}, 1)}
+		exited: make(chan struct{}), sig: make(chan struct{}, 1), wake: make(chan struct{}, 1),
+		take: make(chan chan keyWatch)}
 	go q.run()
 	l.q = q
 	return q, nil
@@ -244,7 +249,8 @@ func (q *queue) run() {
 		}
 		if q.lw != nil {
 			q.lw.Stop()
-			q.lw = nil
+			q.lcancel()
+			q.lw, q.lcancel = nil, nil
 		}
 		q.mu.Unlock()
 		q.notify()
@@ -272,6 +278,13 @@ func (q *queue) run() {
 		case ev, ok := <-lev:
 			q.onLock(lw, ev, ok)
 		case <-q.wake:
+		case reply := <-q.take:
+			// Nothing reads lw's events from here on but its taker.
+			q.mu.Lock()
+			kw := keyWatch{q.lw, q.lcancel}
+			q.lw, q.lcancel = nil, nil
+			q.mu.Unlock()
+			reply <- kw
 		}
 	}
 }
@@ -395,8 +408,10 @@ func (q *queue) add(es []entry) {
 			continue
 		}
 		if i := slices.IndexFunc(q.entries, func(x entry) bool { return x.id == e.id }); i >= 0 {
-			if e.told == toldNothing && q.entries[i].told == toldAck {
-				q.entries[i].told = toldNothing // it asks again: confirm again
+			if e.told == toldNothing {
+				// It asks again (it may have missed what it was told):
+				// tell it again, keeping its place.
+				q.entries[i].told = toldNothing
 			}
 			continue
 		}
@@ -495,7 +510,7 @@ func (q *queue) onLock(lw *sskv.Watcher, ev sskv.Event, ok bool) {
 		q.lw = nil // ended (the service refused it after a reconnect): watch again
 		return
 	}
-	q.changed = true
+	q.changed, q.known = true, true
 	if ev.Op == sskv.OpDelete {
 		if ev.Resync && q.held {
 			// The key may have vanished unseen (a store restart) while
@@ -516,7 +531,7 @@ func (q *queue) onLock(lw *sskv.Watcher, ev sskv.Event, ok bool) {
 // watchesKey reports whether this waiter should watch the lock's key.
 // q.mu is held.
 func (q *queue) watchesKey() bool {
-	return q.waiting && !q.holds && (q.head != 0 || q.turn || !q.acked)
+	return q.waiting && !q.holds && (q.head != 0 || !q.acked)
 }
 
 // queueState is what a waiter decides by.
@@ -535,6 +550,8 @@ type queueState struct {
 	acked    bool
 	keeper   bool // it keeps the queue of a holder that keeps none
 	expired  bool // the key expired (rather than being released)
+	joinedAt time.Time
+	known    bool // the key's state is known (see queue.known)
 	stray    bool // not confirmed, and the key went to another than the one it joined
 	unseen   time.Time
 }
@@ -557,6 +574,8 @@ func (q *queue) state() queueState {
 		acked:    q.acked,
 		keeper:   q.keeper,
 		expired:  q.expired,
+		joinedAt: q.joinedAt,
+		known:    q.known,
 		stray:    q.lw != nil && !q.acked && q.joinedTo != "" && q.value != nil && ParseHolder(q.value, q.version).ID != q.joinedTo,
 		unseen:   q.unseen,
 	}
@@ -573,7 +592,9 @@ func (q *queue) state() queueState {
 // watchKey starts watching the lock's key, and reports whether it did.
 func (q *queue) watchKey(ctx context.Context) error {
 	l := q.l
-	wctx, cancel := context.WithCancel(q.ctx)
+	// The watch outlives the queue when a FenceKey holding takes it over
+	// (see takeKeyWatch); else the queue ends it.
+	wctx, cancel := context.WithCancel(context.WithoutCancel(q.ctx))
 	stop := context.AfterFunc(ctx, cancel)
 	// A lost answer to the KEYNOTIFY must not keep the waiter from checking
 	// for the client's RequestTimeout.
@@ -589,28 +610,79 @@ func (q *queue) watchKey(ctx context.Context) error {
 		return err
 	}
 	q.mu.Lock()
-	q.lw, q.changed = w, true
-	q.free, q.value, q.lastSet = false, nil, time.Now()
+	if q.ended {
+		q.mu.Unlock()
+		w.Stop()
+		cancel()
+		return nil
+	}
+	q.lw, q.lcancel, q.changed = w, cancel, true
+	q.free, q.value, q.lastSet, q.known = false, nil, time.Now(), false
 	q.mu.Unlock()
+	q.poke()
+	return nil
+}
+
+func (q *queue) poke() {
 	select {
 	case q.wake <- struct{}{}:
 	default:
 	}
-	return nil
 }
 
 // unwatchKey stops watching the lock's key.
 func (q *queue) unwatchKey() {
 	q.mu.Lock()
-	w := q.lw
-	q.lw = nil
+	w, cancel := q.lw, q.lcancel
+	q.lw, q.lcancel = nil, nil
 	q.mu.Unlock()
 	if w != nil {
 		w.Stop()
-		select {
-		case q.wake <- struct{}{}:
-		default:
-		}
+		cancel()
+		q.poke()
+	}
+}
+
+// keyWatch is a watch of the lock's key and what ends it.
+type keyWatch struct {
+	w      *sskv.Watcher
+	cancel context.CancelFunc
+}
+
+// takeKeyWatch takes the watch of the lock's key from the queue, for a
+// FenceKey holding's guard to go on with; the zero keyWatch if there is
+// none.
+func (q *queue) takeKeyWatch() keyWatch {
+	reply := make(chan keyWatch)
+	select {
+	case q.take <- reply:
+		return <-reply
+	case <-q.exited:
+		return keyWatch{}
+	}
+}
+
+// giveKeyWatch gives back a watch takeKeyWatch took, when the attempt it
+// was taken for failed.
+func (q *queue) giveKeyWatch(kw keyWatch) {
+	q.mu.Lock()
+	if q.ended || q.lw != nil {
+		q.mu.Unlock()
+		kw.w.Stop()
+		kw.cancel()
+		return
+	}
+	q.lw, q.lcancel = kw.w, kw.cancel
+	q.mu.Unlock()
+	q.poke()
+}
+
+// sawHeld records that an attempt found the key held.
+func (q *queue) sawHeld() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.lw != nil {
+		q.known, q.free, q.held = true, false, true
 	}
 }
 
@@ -626,6 +698,7 @@ func (q *queue) joined(id string, acked bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.joinedTo, q.acked, q.rejoin, q.head, q.keeper = id, acked, false, 0, false
+	q.joinedAt = time.Now()
 }
 
 // lostTurn records that the lock released to this Lock was taken by
@@ -685,10 +758,19 @@ func (q *queue) handOver() (first entry, ok bool) {
 // sendTurn hands the queue to its first waiter, after the release, with
 // the reservation's version (zero without one).
 func (q *queue) sendTurn(token hlc.Timestamp) {
+	if id, msg := q.turnMsg(token); msg != nil {
+		q.send(id, msg)
+	}
+}
+
+// turnMsg returns the first waiter and the message that hands it the
+// lock and the rest of the queue, and forgets the queue; nil if there is
+// nobody to hand it to.
+func (q *queue) turnMsg(token hlc.Timestamp) (string, []byte) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if len(q.entries) == 0 {
-		return
+		return "", nil
 	}
 	first := q.entries[0]
 	msg := []byte{msgTurn}
@@ -697,9 +779,9 @@ func (q *queue) sendTurn(token hlc.Timestamp) {
 	}
 	msg = append(msg, '\n')
 	msg = appendEntries(msg, q.entries[1:])
-	q.send(first.id, msg)
 	q.forward, q.entries = first.id, nil
 	q.acked = true // it may join first.id again without watching the key
+	return first.id, msg
 }
 
 // leave ends this Lock's wait without the lock: it tells the Lock it

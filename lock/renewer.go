@@ -182,7 +182,7 @@ func (r *renewer) connectionLost() {
 	defer r.mu.Unlock()
 	r.conn = nil
 	for _, h := range r.queue {
-		if lost(h.connection0()) {
+		if lost(h.lastConn()) {
 			h.renewAt = now
 			if !h.busy {
 				h.due = now
@@ -249,7 +249,7 @@ func (r *renewer) work(h *holding, confirmOnly bool) {
 			next = time.Now().Add(h.retry.NextBackOff())
 		}
 	}
-	conn := h.connection0()
+	conn := h.lastConn()
 	r.mu.Lock()
 	h.busy = false
 	r.busy--

@@ -284,8 +284,10 @@ func TestHugeTTLWaiterSleeps(t *testing.T) {
 	if err := b.Lock(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("b.Lock = %v; want DeadlineExceeded", err)
 	}
-	if n := srv.Requests(cb.ID()) - before; n > 11 {
-		t.Fatalf("the waiter sent %d requests in 500 ms; want a check, three watches (two requests each), a GET, a join, a leave and a KEYNOTIFY STOP", n)
+	// The watches' KEYNOTIFY STOPs go out in the background as the wait
+	// ends, often just after the leave: they may be counted or not.
+	if n := srv.Requests(cb.ID()) - before; n > 13 {
+		t.Fatalf("the waiter sent %d requests in 500 ms; want a check, three watches (two requests each), a GET, a join and a leave (and the watches' STOPs)", n)
 	}
 }
 

@@ -253,11 +253,11 @@ func newBackoff(initial, maxD time.Duration) *backoff.ExponentialBackOff {
 	return b
 }
 
-// queueGrace is how long the second waiter lets the first take a key
-// that was freed without a handover (its holder crashed, or kept no queue)
-// before it tries itself.
+// queueGrace is how long a waiter lets the turn come, when the key is
+// released, before it takes the key itself (the second waiter twice as
+// long): time for a message to arrive, whatever the TTL.
 func (l *Lock) queueGrace() time.Duration {
-	return min(max(l.cfg.TTL/50, 20*time.Millisecond), l.cfg.TTL)
+	return min(max(l.cfg.TTL/100, 10*time.Millisecond), 50*time.Millisecond, l.cfg.TTL)
 }
 
 // waitQueued acquires the lock as wait does, queueing behind the waiters
@@ -340,7 +340,18 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 			timer.Reset(d)
 			return false, nil
 		}
+		var kw keyWatch
+		if l.cfg.FenceKey {
+			// The holding's guard goes on with the watch of the key.
+			if kw = q.takeKeyWatch(); kw.w != nil {
+				l.watch = &waitWatch{w: kw.w, cancel: kw.cancel, detach: func() bool { return true }}
+			}
+		}
 		ok, err := l.attemptFenced(ctx, cn, ft)
+		if l.watch != nil {
+			l.watch = nil // not taken over: the attempt failed
+			q.giveKeyWatch(kw)
+		}
 		unknown = err != nil && len(l.undo) > 0
 		recheck.Reset(l.recheckAfter())
 		switch {
@@ -392,14 +403,10 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 			case !st.watchKey && st.watching:
 				q.unwatchKey()
 				continue
-			case st.turn && !st.reserved && st.watching && !st.free && !graced:
+			case st.turn && !st.reserved && st.watching && st.known && !st.free:
 				// The lock is released to this Lock, and the release's
-				// delete is on its way: take the key when it comes (or
-				// after a grace, in case it came before the watch).
-				if !graceSet {
-					graceSet = true
-					grace.Reset(l.queueGrace())
-				}
+				// delete, sent before the turn, has yet to reach the watch:
+				// take the key when it does.
 			case st.turn || st.reserved:
 				// The lock was released to this Lock.
 				graced, graceSet = false, false
@@ -410,7 +417,11 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 				if done, err := try(ft, false); done {
 					return unknown, err
 				}
-				if !retrying && !st.reserved {
+				switch {
+				case retrying || st.reserved:
+				case st.watching:
+					q.sawHeld() // the delete is yet to come, or another took the key: wait for its delete
+				default:
 					q.lostTurn() // someone else took it: wait for it as the first waiter
 				}
 				continue
@@ -471,7 +482,10 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 				// turn, sent to the next waiter; so unless the key expired
 				// (its holder is gone), or this Lock keeps the queue of a
 				// holder that kept none, it lets the turn come first.
-				now := st.changed && (st.keeper || (st.expired && (st.head == toldFirst || !st.acked)))
+				// A join that was not confirmed within a grace went to a
+				// holder that keeps no queue.
+				ignored := !st.acked && time.Since(st.joinedAt) > l.queueGrace()
+				now := st.changed && (st.keeper || ignored || (st.expired && (st.head == toldFirst || !st.acked)))
 				if !now && !graced {
 					if !graceSet {
 						graceSet = true
@@ -484,7 +498,9 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 					break
 				}
 				graced, graceSet = false, false
-				if done, err := try(hlc.Timestamp{}, st.acked); done {
+				// A keeper has the queue; a waiter told it is among the
+				// first, taking a key its holder did not hand over, may not.
+				if done, err := try(hlc.Timestamp{}, st.acked && !st.keeper); done {
 					return unknown, err
 				}
 				if !st.acked {
@@ -501,6 +517,7 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 			retrying = false
 		case <-grace.C:
 			graced = true
+
 		case <-recheck.C:
 			// The safeguard: look at the lock again and join again, so
 			// that a lost message cannot keep this waiter forever.

@@ -2,6 +2,7 @@ package sskv_test
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"testing"
 
@@ -116,4 +117,82 @@ func BenchmarkGetParallel64(b *testing.B) {
 			})
 		})
 	}
+}
+
+// BenchmarkIdleWatchers: what an idle watcher of a key of its own costs,
+// registration included, once it has had an event: heap bytes and
+// goroutines per watcher, for a channel watcher (Watch) and a callback
+// watcher (WatchFunc).
+func BenchmarkIdleWatchers(b *testing.B) {
+	const n = 1000
+	srv := startStore(b, localstore.Config{})
+	other := dial(b, srv)
+	ctx := context.Background()
+	for _, kind := range []string{"chan", "func"} {
+		b.Run(kind, func(b *testing.B) {
+			var bytes, goroutines float64
+			for b.Loop() {
+				// A client of its own, closed at the end: Close waits for
+				// the STOPs a WatchFunc watcher's Stop sends in the
+				// background, before the next round measures.
+				c, err := tryDial(b, srv)
+				if err != nil {
+					b.Fatal(err)
+				}
+				keys := make([]string, n)
+				for i := range keys {
+					keys[i] = fmt.Sprintf("idle-%s-%d", kind, i)
+				}
+				got := make(chan struct{}, n)
+				before := footprint()
+				ws := make([]*sskv.Watcher, n)
+				for i, key := range keys {
+					var err error
+					if kind == "chan" {
+						ws[i], err = c.Watch(ctx, key)
+					} else {
+						ws[i], err = c.WatchFunc(ctx, key, func(sskv.Event) { got <- struct{}{} }, nil)
+					}
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+				for _, key := range keys {
+					if _, err := other.Set(ctx, key, []byte("x"), sskv.SetOptions{}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				for _, w := range ws {
+					if kind == "chan" {
+						<-w.Events()
+					} else {
+						<-got
+					}
+				}
+				after := footprint()
+				bytes += float64(after.heap) - float64(before.heap)
+				goroutines += float64(after.goroutines - before.goroutines)
+				for _, w := range ws {
+					w.Stop()
+				}
+				_ = c.Close()
+			}
+			runs := float64(b.N) * n
+			b.ReportMetric(bytes/runs, "heap-B/watcher")
+			b.ReportMetric(goroutines/runs, "goroutines/watcher")
+		})
+	}
+}
+
+type heapAndGoroutines struct {
+	heap       uint64
+	goroutines int
+}
+
+func footprint() heapAndGoroutines {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return heapAndGoroutines{heap: ms.HeapAlloc, goroutines: runtime.NumGoroutine()}
 }

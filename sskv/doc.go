@@ -173,7 +173,8 @@
 //     news whatever its version: a restarted store, whose clock is the wall
 //     clock, may give lower versions than its predecessor for a while.
 //   - A slow consumer: each watcher buffers Config.WatchBuffer events (default
-//     1024, allocated only while events wait). Beyond that, its events are coalesced into one Resync event with
+//     1024, allocated only while events wait; a channel watcher one more, in
+//     its channel). Beyond that, its events are coalesced into one Resync event with
 //     the key's latest known state, delivered after the buffered events as
 //     soon as the consumer reads again. Nothing else waits for a slow watcher:
 //     the connection, requests and other watchers go on, and memory stays
@@ -187,6 +188,17 @@
 // watch (as in etcd's Watch). When it ends, the channel closes at once and
 // the service's registration is ended in the background; [Watcher.Stop]
 // instead returns only after the service has been told.
+//
+// [Client.WatchFunc] is Watch with a function in place of the channel: it
+// calls f with each event, one at a time, in order, and done once when the
+// watch ends, with the same guarantees. It has no goroutine of its own; f
+// and done run on the client's goroutines, often the one that receives the
+// connection's packets, so they must return quickly and never wait for a
+// request's answer. [Watcher.Handoff] turns a channel watcher into such a
+// callback one, going on with the events its channel had not delivered.
+// An idle watcher of either kind costs no goroutine and no buffer: a channel
+// watcher's Events channel holds one event, which goes straight in when it
+// is empty, and a goroutine forwards events only while more are pending.
 //
 // # Using an existing connection
 //

@@ -136,3 +136,43 @@ func ExampleServiceError() {
 	fmt.Println(errors.Is(err, sskv.ErrNotAuthorized), errors.As(err, &se), se.Message)
 	// Output: true true not authorized
 }
+
+// A callback watch: no channel to read and no goroutine of its own. The
+// function gets each change in order, and must return quickly.
+func ExampleClient_WatchFunc() {
+	srv, err := localstore.Start(localstore.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := sskv.Dial(ctx, sskv.Config{Addr: srv.Addr()})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	changes := make(chan string, 16)
+	ended := make(chan error, 1)
+	w, err := c.WatchFunc(ctx, "config", func(ev sskv.Event) {
+		changes <- fmt.Sprintf("%v %q", ev.Op, ev.Value) // never blocks: the channel has room
+	}, func(err error) { ended <- err })
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := c.Set(ctx, "config", []byte("v1"), sskv.SetOptions{}); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := c.Del(ctx, "config", sskv.DelOptions{}); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(<-changes)
+	fmt.Println(<-changes)
+	w.Stop()
+	fmt.Println("ended:", <-ended)
+	// Output:
+	// SET "v1"
+	// DELETE ""
+	// ended: <nil>
+}

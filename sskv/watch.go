@@ -56,34 +56,57 @@ type Event struct {
 	Resync bool
 }
 
-// Watcher receives the changes of one key. Create one with [Client.Watch].
+// Watcher receives the changes of one key. Create one with [Client.Watch],
+// which delivers them on the [Watcher.Events] channel, or [Client.WatchFunc],
+// which calls a function with them.
 //
 // Events are delivered in version order and none twice. Each Watcher buffers
-// Config.WatchBuffer events; a consumer that falls further behind never
+// up to Config.WatchBuffer events (a channel watcher one more, in its
+// channel); a consumer that falls further behind never
 // blocks the connection or other watchers: its later events are coalesced
 // into a single Resync event carrying the key's latest known state, delivered
 // after the buffered ones as soon as the consumer reads again. So the last
 // event a watcher receives always reflects the latest state the client knows,
 // and its memory stays bounded.
+//
+// An idle Watcher costs no goroutine and no buffer: an event goes straight
+// into the Events channel (of capacity 1) when it is empty, and a goroutine
+// forwards events only while more are pending than the channel holds.
 type Watcher struct {
-	c      *Client
-	key    string
-	out    chan Event
-	done   chan struct{} // closed when the watcher ends
-	exited chan struct{} // closed when out is closed
-	max    int           // Config.WatchBuffer
+	c   *Client
+	reg *registration // the key's registration when the watcher was made; reg.key is the key
+	out chan Event    // nil for a WatchFunc watcher
+	fn  func(Event)   // WatchFunc's f; nil for a channel watcher
+	// fwd exists once a channel watcher's forwarder has run: a watcher
+	// whose consumer keeps up never needs it.
+	fwd *forwarder
 
 	// Guarded by c.wmu.
-	reg       *registration
-	q         []Event // ring buffer of pending events, grown up to max; nil while empty
-	head, n   int
-	running   bool // a forwarder goroutine runs: only while events are pending
-	outClosed bool
-	resync    bool     // a Resync event is owed after the queue
-	last      keyState // the state of the last event handed out (or the baseline), so that a Resync never repeats it
+	onDone    func(error) // WatchFunc's done, until it is called
+	q         []Event     // ring buffer of pending events, grown up to Config.WatchBuffer; nil while empty
+	head, n   int32
+	running   bool // a forwarder goroutine runs, or f is being called: only while events are pending
+	held      bool // the forwarder holds an event it is sending: it counts against the buffer
+	outClosed bool // the watch has ended and delivers nothing more (Events is closed, done was called)
+	chClosed  bool // Events is closed: the watch ended, or was handed off to a function
+	resync    bool // a Resync event is owed after the queue
 	ended     bool
+	last      stamp // the state of the last event handed out (or the baseline), so that a Resync never repeats it
 	err       error
 	stopAfter func() bool
+}
+
+// forwarder is what a channel watcher's forwarder goroutine needs, made the
+// first time one starts.
+type forwarder struct {
+	stop   chan struct{} // closed when the watcher ends: a send blocked on Events gives up
+	exited chan struct{} // closed when the Events channel is
+}
+
+// stamp is the part of a key's state that tells two states apart.
+type stamp struct {
+	version hlc.Timestamp
+	exists  bool
 }
 
 // registration is the client's watch of one key, shared by its watchers.
@@ -97,10 +120,10 @@ type registration struct {
 	// notifications update known without being delivered; base is the state
 	// last delivered before it.
 	resyncing bool
-	base      keyState
+	base      stamp
 	initial   bool          // the first sync (at Watch) has not finished
 	syncGen   uint64        // connection of the latest sync started
-	ready     chan struct{} // closed when the first sync ends (err says how)
+	ready     chan struct{} // closed when the first sync ends (err says how), then nil
 	err       error
 	// syncs counts the syncs in progress, each started while reg was the
 	// key's registration: the KEYNOTIFY STOP that ends reg waits for them,
@@ -118,7 +141,10 @@ type keyState struct {
 	unseen bool
 }
 
-func (s keyState) same(t keyState) bool {
+func (s keyState) stamp() stamp { return stamp{version: s.version, exists: s.exists} }
+
+// same reports whether s is the state t tells apart.
+func (s keyState) same(t stamp) bool {
 	if s.exists != t.exists {
 		return false
 	}
@@ -128,7 +154,7 @@ func (s keyState) same(t keyState) bool {
 func (reg *registration) beginResync() {
 	if !reg.resyncing {
 		reg.resyncing = true
-		reg.base = reg.known
+		reg.base = reg.known.stamp()
 	}
 }
 
@@ -143,7 +169,44 @@ func (reg *registration) beginResync() {
 // when ctx is done, Stop is called, the Client is closed, or the service
 // refuses to register it again after a reconnect; [Watcher.Err] says which.
 func (c *Client) Watch(ctx context.Context, key string) (*Watcher, error) {
-	w, reg, err := c.attach(ctx, key)
+	return c.watch(ctx, key, nil, nil)
+}
+
+// WatchFunc is [Client.Watch] with a function in place of the Events
+// channel: it calls f with each event of key, and done once when the watch
+// ends, with the reason Watch's [Watcher.Err] gives (nil after Stop). It
+// has no channel and no goroutine of its own: an idle callback watch costs
+// only its registration.
+//
+// Everything Watch promises holds: events come in version order, none
+// twice, Resync events report changes missed during a disconnect or
+// coalesced, and the watch is registered again after a reconnect. f is
+// called for one event at a time, never concurrently for one watcher, and
+// done after the last call of f has returned; f may be called before
+// WatchFunc returns.
+//
+// f and done run on the client's goroutines (done also in Stop, or
+// Close), often the one that receives every response and notification of
+// the connection: they must
+// return quickly, and must not wait for anything the client does, such as
+// a request's answer (hand such work to a goroutine of your own). They may
+// call [Watcher.Stop]. While f is slow, the watcher's later events queue
+// and are coalesced as for a slow reader of Events.
+//
+// If WatchFunc returns an error, done is never called and f is not called
+// after it returned.
+func (c *Client) WatchFunc(ctx context.Context, key string, f func(Event), done func(error)) (*Watcher, error) {
+	if f == nil {
+		return nil, keyErr("watch", key, errors.New("nil function"))
+	}
+	if done == nil {
+		done = func(error) {}
+	}
+	return c.watch(ctx, key, f, done)
+}
+
+func (c *Client) watch(ctx context.Context, key string, f func(Event), done func(error)) (*Watcher, error) {
+	w, reg, err := c.attach(ctx, key, f)
 	if err != nil {
 		return nil, keyErr("watch", key, err)
 	}
@@ -159,6 +222,7 @@ func (c *Client) Watch(ctx context.Context, key string) (*Watcher, error) {
 	c.wmu.Lock()
 	if !w.ended {
 		w.stopAfter = context.AfterFunc(ctx, func() { w.end(ctx.Err(), true) })
+		w.onDone = done // from now on the end is reported
 	}
 	err = w.err
 	c.wmu.Unlock()
@@ -169,7 +233,8 @@ func (c *Client) Watch(ctx context.Context, key string) (*Watcher, error) {
 }
 
 // attach adds a watcher of key, creating the key's registration if needed.
-func (c *Client) attach(ctx context.Context, key string) (*Watcher, *registration, error) {
+// f is WatchFunc's, or nil for a channel watcher.
+func (c *Client) attach(ctx context.Context, key string, f func(Event)) (*Watcher, *registration, error) {
 	c.wmu.Lock()
 	for {
 		if c.closed.Load() {
@@ -195,15 +260,9 @@ func (c *Client) attach(ctx context.Context, key string) (*Watcher, *registratio
 		reg = &registration{key: key, resyncing: true, initial: true, ready: make(chan struct{})}
 		c.regs[key] = reg
 	}
-	w := &Watcher{
-		c:      c,
-		key:    key,
-		reg:    reg,
-		out:    make(chan Event),
-		done:   make(chan struct{}),
-		exited: make(chan struct{}),
-		max:    c.cfg.WatchBuffer,
-		last:   reg.known,
+	w := &Watcher{c: c, reg: reg, fn: f, last: reg.known.stamp()}
+	if f == nil {
+		w.out = make(chan Event, 1)
 	}
 	if reg.resyncing {
 		w.last = reg.base // what the registration's other watchers were last told
@@ -311,31 +370,36 @@ func (c *Client) syncReg(ctx context.Context, reg *registration, cn *Conn) error
 		if reg.lastSeq <= r.seq && !ambiguous {
 			switch {
 			case g.Found && (reg.known.version.IsZero() || !reg.known.version.After(g.Version)):
-				reg.known = keyState{exists: true, value: g.Value, version: g.Version}
+				// A copy: the value may sit in a much larger read buffer.
+				reg.known = keyState{exists: true, value: bytes.Clone(g.Value), version: g.Version}
 			case !g.Found && reg.known.exists:
 				reg.known = keyState{version: reg.known.version, unseen: true}
 			}
 		}
 		break
 	}
-	defer c.wmu.Unlock()
 	reg.resyncing = false
 	if reg.initial {
 		reg.initial = false
 		for _, w := range reg.watchers {
-			w.last = reg.known // the baseline: Watch reports changes after it
+			w.last = reg.known.stamp() // the baseline: Watch reports changes after it
 		}
 		close(reg.ready)
+		reg.ready = nil // nobody waits for it any more: free it
+		c.wmu.Unlock()
 		return nil
 	}
+	var calls deliveries
 	if !reg.known.same(reg.base) {
 		for _, w := range reg.watchers {
-			w.markResync()
+			calls.add(w.markResync())
 		}
 		if f := c.cfg.Metrics.WatchResync; f != nil {
 			f(reg.key)
 		}
 	}
+	c.wmu.Unlock()
+	calls.run()
 	return nil
 }
 
@@ -438,6 +502,7 @@ func (c *Client) endRegistration(reg *registration, err error, unregister bool) 
 	if reg.initial {
 		reg.initial = false
 		close(reg.ready)
+		reg.ready = nil
 	}
 	ws := append([]*Watcher(nil), reg.watchers...)
 	c.wmu.Unlock()
@@ -526,44 +591,87 @@ func (c *Client) handleNotification(key []byte, p *paho.Publish) {
 		c.log.Debug("clock not updated from a notification", "version", n.version, "error", err)
 	}
 	c.wmu.Lock()
-	defer c.wmu.Unlock()
+	calls := c.notify(key, n)
+	c.wmu.Unlock()
+	calls.run()
+}
+
+// notify applies notification n of key to its registration, and returns
+// the WatchFunc watchers whose f the caller must now call (see
+// deliveries). The caller holds c.wmu.
+func (c *Client) notify(key []byte, n notification) deliveries {
 	seq := c.nseq.Add(1)
 	reg := c.regs[string(key)]
 	if reg == nil {
-		return
+		return deliveries{}
 	}
 	reg.lastSeq = seq
 	known := &reg.known
 	switch n.op {
 	case OpSet:
 		if !known.version.IsZero() && !n.version.After(known.version) {
-			return // a duplicate or stale notification
+			return deliveries{} // a duplicate or stale notification
 		}
+		// A copy: the value sits in the packet's read buffer, often several
+		// times its size, which the registration would keep while idle.
+		n.value = bytes.Clone(n.value)
 		*known = keyState{exists: true, value: n.value, version: n.version}
 	case OpDelete:
 		if !known.exists || !n.version.After(known.version) {
 			if n.version.After(known.version) {
 				known.version = n.version
 			}
-			return
+			return deliveries{}
 		}
 		*known = keyState{version: n.version}
 	}
 	if reg.resyncing {
-		return
+		return deliveries{}
 	}
 	ev := Event{Key: reg.key, Op: n.op, Value: n.value, Version: n.version}
+	var calls deliveries
 	for _, w := range reg.watchers {
-		w.enqueue(ev)
+		calls.add(w.enqueue(ev))
+	}
+	return calls
+}
+
+// deliveries are the WatchFunc watchers that have events to deliver and
+// no call of f under way: whoever made them so calls f for them, after
+// releasing c.wmu, on its own goroutine. Most keys have one watcher.
+type deliveries struct {
+	one  *Watcher
+	more []*Watcher
+}
+
+// add notes w, if it is not nil.
+func (d *deliveries) add(w *Watcher) {
+	switch {
+	case w == nil:
+	case d.one == nil:
+		d.one = w
+	default:
+		d.more = append(d.more, w)
+	}
+}
+
+// run delivers the pending events of each watcher noted. The caller does
+// not hold c.wmu.
+func (d *deliveries) run() {
+	if d.one != nil {
+		d.one.deliver()
+	}
+	for _, w := range d.more {
+		w.deliver()
 	}
 }
 
 // Events returns the channel of the watcher's events. It is closed when the
-// watch ends.
+// watch ends. A watcher made by WatchFunc has none: Events returns nil.
 func (w *Watcher) Events() <-chan Event { return w.out }
 
 // Key returns the watched key.
-func (w *Watcher) Key() string { return w.key }
+func (w *Watcher) Key() string { return w.reg.key }
 
 // Err returns why the watch ended: nil while it runs and after Stop, ctx's
 // error when the context given to Watch ended, ErrClosed when the Client was
@@ -575,11 +683,15 @@ func (w *Watcher) Err() error {
 	return w.err
 }
 
-// Stop ends the watch and closes the Events channel before it returns. When
-// it is the key's last watcher, Stop also ends the registration with the
-// service (KEYNOTIFY STOP, bounded by RequestTimeout; skipped while
-// disconnected, since the service ends watches on disconnect). Stop is
-// idempotent.
+// Stop ends the watch. A channel watcher's Events channel is closed, and
+// empty, before Stop returns. A WatchFunc watcher's f is not called after
+// Stop returns, except for a call already under way on another goroutine;
+// done is called once that has returned, maybe after Stop did. Stop may be
+// called from f or done. When it is the key's last watcher, Stop also ends
+// the registration with the service (KEYNOTIFY STOP, bounded by
+// RequestTimeout; skipped while disconnected, since the service ends
+// watches on disconnect; a WatchFunc watcher's goes out in the background).
+// Stop is idempotent.
 func (w *Watcher) Stop() { w.end(nil, true) }
 
 // end ends the watcher with err. unregister sends KEYNOTIFY STOP when it was
@@ -588,18 +700,23 @@ func (w *Watcher) end(err error, unregister bool) {
 	c := w.c
 	c.wmu.Lock()
 	if w.ended {
+		wait := w.fn == nil && !w.outClosed // its forwarder is closing Events
 		c.wmu.Unlock()
-		<-w.exited
+		if wait {
+			<-w.fwd.exited
+		}
 		return
 	}
 	w.ended, w.err = true, err
-	close(w.done)
 	reg := w.reg
 	for i, o := range reg.watchers {
 		if o == w {
 			reg.watchers = append(reg.watchers[:i], reg.watchers[i+1:]...)
 			break
 		}
+	}
+	if len(reg.watchers) == 0 {
+		reg.watchers = nil
 	}
 	var stopped chan struct{}
 	if len(reg.watchers) == 0 && c.regs[reg.key] == reg {
@@ -609,22 +726,43 @@ func (w *Watcher) end(err error, unregister bool) {
 			c.stopping[reg.key] = stopped
 		}
 	}
-	if !w.running {
-		w.closeOut()
+	// A delivery under way (a forwarder, or a call of f) ends the
+	// watcher's output itself when it sees the watcher ended.
+	running := w.running
+	var done func(error)
+	switch {
+	case !running:
+		done = w.closeOut()
+	case w.fn == nil:
+		close(w.fwd.stop) // a send blocked on Events gives up
 	}
 	stopAfter := w.stopAfter
 	c.wmu.Unlock()
 	if stopAfter != nil {
 		stopAfter()
 	}
-	<-w.exited
-	if stopped != nil {
+	if done != nil {
+		done(err)
+	}
+	if running && w.fn == nil {
+		<-w.fwd.exited
+	}
+	if stopped == nil {
+		return
+	}
+	unregisterKey := func() {
 		reg.syncs.Wait() // a KEYNOTIFY in flight goes before the STOP
 		c.sendStop(reg.key)
 		c.wmu.Lock()
 		delete(c.stopping, reg.key)
 		c.wmu.Unlock()
 		close(stopped)
+	}
+	// A WatchFunc watcher may be stopped from f, on the goroutine that
+	// receives the answers: it must not wait for one there. Its STOP goes
+	// out in the background (a new watch of the key waits for it).
+	if w.fn == nil || !c.spawn(unregisterKey) {
+		unregisterKey()
 	}
 }
 
@@ -656,60 +794,185 @@ func (c *Client) sendStop(key string) {
 	}
 }
 
-// enqueue queues ev, or owes a Resync event when the buffer is full. The
-// caller holds c.wmu.
-func (w *Watcher) enqueue(ev Event) {
+// enqueue queues ev, or owes a Resync event when the buffer is full. It
+// returns the watcher if the caller must deliver its events (see
+// deliveries), else nil. The caller holds c.wmu.
+func (w *Watcher) enqueue(ev Event) *Watcher {
 	if w.ended {
-		return
+		return nil
 	}
-	if w.resync || w.n == w.max {
+	if w.fn == nil && !w.running && w.n == 0 && !w.resync {
+		// Nothing pending: straight into the channel if it has room, with
+		// no goroutine.
+		select {
+		case w.out <- ev:
+			w.last = stamp{version: ev.Version, exists: ev.Op == OpSet}
+			return nil
+		default:
+		}
+	}
+	if w.resync || int(w.n) >= w.c.cfg.WatchBuffer-btoi(w.held) {
 		w.resync = true
 	} else {
-		if w.n == len(w.q) {
+		if int(w.n) == len(w.q) {
 			w.grow()
 		}
-		w.q[(w.head+w.n)%len(w.q)] = ev
+		w.q[(int(w.head)+int(w.n))%len(w.q)] = ev
 		w.n++
 	}
-	w.signal()
+	return w.signal()
 }
 
-// grow doubles the ring buffer, up to max. The caller holds c.wmu.
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// grow doubles the ring buffer, up to Config.WatchBuffer. The caller holds
+// c.wmu.
 func (w *Watcher) grow() {
-	q := make([]Event, min(max(2, 2*len(w.q)), w.max))
-	for i := range w.n {
-		q[i] = w.q[(w.head+i)%len(w.q)]
+	q := make([]Event, min(max(2, 2*len(w.q)), w.c.cfg.WatchBuffer))
+	for i := range int(w.n) {
+		q[i] = w.q[(int(w.head)+i)%len(w.q)]
 	}
 	w.q, w.head = q, 0
 }
 
-// markResync owes the watcher a Resync event. The caller holds c.wmu.
-func (w *Watcher) markResync() {
+// markResync owes the watcher a Resync event. It returns the watcher if
+// the caller must deliver its events (see deliveries), else nil. The
+// caller holds c.wmu.
+func (w *Watcher) markResync() *Watcher {
 	if w.ended {
-		return
+		return nil
 	}
 	w.resync = true
-	w.signal()
+	return w.signal()
 }
 
-// signal starts the forwarder unless it runs. The caller holds c.wmu.
-func (w *Watcher) signal() {
+// signal has the watcher's pending events delivered, unless a delivery is
+// under way: it starts a channel watcher's forwarder, and returns a
+// WatchFunc watcher for the caller to deliver (nil otherwise). The caller
+// holds c.wmu.
+func (w *Watcher) signal() *Watcher {
 	if w.running || w.outClosed {
-		return
+		return nil
 	}
 	w.running = true
+	if w.fn != nil {
+		return w
+	}
+	if w.fwd == nil {
+		w.fwd = &forwarder{stop: make(chan struct{}), exited: make(chan struct{})}
+	}
 	if !w.c.spawn(w.run) {
 		w.running = false // Close has started: it ends the watcher
 	}
+	return nil
 }
 
-// closeOut closes the Events channel once. The caller holds c.wmu.
-func (w *Watcher) closeOut() {
-	if !w.outClosed {
-		w.outClosed = true
-		close(w.out)
-		close(w.exited)
+// closeOut ends the watcher's output once: it closes the Events channel,
+// emptied, or returns the done function to call. The caller holds c.wmu.
+func (w *Watcher) closeOut() (done func(error)) {
+	if w.outClosed {
+		return nil
 	}
+	w.outClosed = true
+	w.q, w.head, w.n, w.resync = nil, 0, 0, false
+	if w.out != nil && !w.chClosed {
+		w.chClosed = true
+		select {
+		case <-w.out: // not received before the end: a stopped watcher's channel is empty
+		default:
+		}
+		close(w.out)
+		if w.fwd != nil {
+			close(w.fwd.exited)
+		}
+	}
+	if w.fn != nil {
+		done, w.onDone = w.onDone, nil
+		return done
+	}
+	return nil
+}
+
+// Handoff turns a watcher made by [Client.Watch] into one like those of
+// [Client.WatchFunc]: from now on f is called with its events, starting
+// with those not yet received from the Events channel, and done once when
+// the watch ends. The Events channel is closed, without ending the watch.
+// Nothing may receive from Events meanwhile or after. f and done follow
+// the rules of WatchFunc; f may be called before Handoff returns. A
+// program that stops reading a watcher can so go on with it without a
+// goroutine, and without missing or repeating an event.
+//
+// Handoff returns once Events is closed. It reports false, and changes
+// nothing, if the watch has ended or was made by WatchFunc or handed off
+// already.
+func (w *Watcher) Handoff(f func(Event), done func(error)) bool {
+	if f == nil {
+		return false
+	}
+	if done == nil {
+		done = func(error) {}
+	}
+	c := w.c
+	c.wmu.Lock()
+	if w.ended || w.fn != nil {
+		c.wmu.Unlock()
+		return false
+	}
+	w.fn, w.onDone = f, done
+	if w.running {
+		close(w.fwd.stop) // the forwarder hands over (see run)
+		c.wmu.Unlock()
+		<-w.fwd.exited
+		return true
+	}
+	next := w.handOver()
+	c.wmu.Unlock()
+	if next != nil {
+		next.deliver()
+	}
+	return true
+}
+
+// handOver completes a Handoff once no forwarder runs: an event left in
+// the channel goes back to the front of the queue, the channel is closed,
+// and the pending events go to f. It returns the watcher if the caller
+// must deliver them (see deliveries). The caller holds c.wmu.
+func (w *Watcher) handOver() *Watcher {
+	select {
+	case ev := <-w.out:
+		w.pushFront(ev)
+	default:
+	}
+	w.chClosed = true
+	close(w.out)
+	if w.fwd != nil {
+		close(w.fwd.exited)
+	}
+	w.running, w.held = false, false
+	if w.n == 0 && !w.resync {
+		return nil
+	}
+	return w.signal()
+}
+
+// pushFront puts ev back at the head of the queue, beyond WatchBuffer if
+// need be: it was handed out once already. The caller holds c.wmu.
+func (w *Watcher) pushFront(ev Event) {
+	if int(w.n) == len(w.q) {
+		q := make([]Event, max(2, 2*len(w.q)))
+		for i := range int(w.n) {
+			q[i] = w.q[(int(w.head)+i)%len(w.q)]
+		}
+		w.q, w.head = q, 0
+	}
+	w.head = int32((int(w.head) - 1 + len(w.q)) % len(w.q))
+	w.q[w.head] = ev
+	w.n++
 }
 
 // next pops the next event to deliver. The caller holds c.wmu.
@@ -717,12 +980,12 @@ func (w *Watcher) next() (Event, bool) {
 	if w.n > 0 {
 		ev := w.q[w.head]
 		w.q[w.head] = Event{}
-		w.head = (w.head + 1) % len(w.q)
+		w.head = int32((int(w.head) + 1) % len(w.q))
 		w.n--
 		if w.n == 0 {
 			w.q, w.head = nil, 0 // an idle watcher keeps no buffer
 		}
-		w.last = keyState{exists: ev.Op == OpSet, version: ev.Version}
+		w.last = stamp{version: ev.Version, exists: ev.Op == OpSet}
 		return ev, true
 	}
 	if w.resync {
@@ -734,8 +997,8 @@ func (w *Watcher) next() (Event, bool) {
 			// same state, and one is enough.
 			return Event{}, false
 		}
-		w.last = k
-		ev := Event{Key: w.key, Op: OpDelete, Resync: true}
+		w.last = k.stamp()
+		ev := Event{Key: w.reg.key, Op: OpDelete, Resync: true}
 		switch {
 		case k.exists:
 			ev.Op, ev.Value, ev.Version = OpSet, k.value, k.version
@@ -747,12 +1010,73 @@ func (w *Watcher) next() (Event, bool) {
 	return Event{}, false
 }
 
-// run forwards the watcher's pending events to its channel, and returns
-// when there are none (signal starts it again) or the watcher ends. An idle
-// watcher costs no goroutine.
+// run forwards a channel watcher's pending events to its channel, and
+// returns when there are none (signal starts it again) or the watcher ends.
 func (w *Watcher) run() {
+	c := w.c
 	for {
-		w.c.wmu.Lock()
+		c.wmu.Lock()
+		if w.fn != nil && !w.ended { // handed off (see Handoff)
+			next := w.handOver()
+			c.wmu.Unlock()
+			if next != nil {
+				next.deliver()
+			}
+			return
+		}
+		var ev Event
+		ok := false
+		if !w.ended {
+			ev, ok = w.next()
+		}
+		w.held = ok
+		if !ok {
+			w.running = false
+			var done func(error)
+			if w.ended {
+				done = w.closeOut()
+			}
+			err := w.err
+			c.wmu.Unlock()
+			if done != nil {
+				done(err)
+			}
+			return
+		}
+		c.wmu.Unlock()
+		select {
+		case w.out <- ev:
+		case <-w.fwd.stop:
+			c.wmu.Lock()
+			if w.fn != nil && !w.ended { // handed off with ev in hand: it goes first
+				w.pushFront(ev)
+				next := w.handOver()
+				c.wmu.Unlock()
+				if next != nil {
+					next.deliver()
+				}
+				return
+			}
+			w.running, w.held = false, false
+			done := w.closeOut()
+			err := w.err
+			c.wmu.Unlock()
+			if done != nil {
+				done(err)
+			}
+			return
+		}
+	}
+}
+
+// deliver calls a WatchFunc watcher's f with its pending events, one at a
+// time, until there are none (signal hands it out again), then done if the
+// watcher has ended. The caller was handed w by signal, and does not hold
+// c.wmu.
+func (w *Watcher) deliver() {
+	c := w.c
+	for {
+		c.wmu.Lock()
 		var ev Event
 		ok := false
 		if !w.ended {
@@ -760,21 +1084,18 @@ func (w *Watcher) run() {
 		}
 		if !ok {
 			w.running = false
+			var done func(error)
 			if w.ended {
-				w.closeOut()
+				done = w.closeOut()
 			}
-			w.c.wmu.Unlock()
+			err := w.err
+			c.wmu.Unlock()
+			if done != nil {
+				done(err)
+			}
 			return
 		}
-		w.c.wmu.Unlock()
-		select {
-		case w.out <- ev:
-		case <-w.done:
-			w.c.wmu.Lock()
-			w.running = false
-			w.closeOut()
-			w.c.wmu.Unlock()
-			return
-		}
+		c.wmu.Unlock()
+		w.fn(ev)
 	}
 }
