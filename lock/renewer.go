@@ -113,11 +113,19 @@ func (r *renewer) run() {
 		}
 		now := time.Now()
 		var due []*holding
-		for len(r.queue) > 0 && !r.queue[0].due.After(now) {
+		// Renewals due within a batch window go out together: the store
+		// and the connection handle a burst of requests for less than the
+		// same requests one by one. Deadlines are checked on time.
+		for len(r.queue) > 0 {
+			h := r.queue[0]
+			window := min(h.l.cfg.RenewInterval/100, maxBatchWindow)
+			if h.due.After(now.Add(window)) || (h.due.After(now) && h.busy) {
+				break
+			}
 			due = append(due, heap.Pop(&r.queue).(*holding))
 		}
 		for _, h := range due {
-			r.attend(h, now)
+			r.attend(h, later(now, h.due))
 		}
 		if len(due) > 0 {
 			r.mu.Unlock()
@@ -308,4 +316,15 @@ type scheduling struct {
 	busy    bool      // a renewal (or confirmation) is in flight
 	pokeReq bool      // confirm the key now
 	retry   *backoff.ExponentialBackOff
+}
+
+// maxBatchWindow bounds how early a renewal goes out to join a batch: a
+// hundredth of the shortest RenewInterval among the holdings, at most this.
+const maxBatchWindow = 20 * time.Millisecond
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
