@@ -41,8 +41,9 @@ type Config struct {
 	// RenewInterval is how long after each successful renewal the next
 	// renewal is sent, less up to a tenth at random; the first one falls
 	// at random in its second half, so that locks taken together do not
-	// renew together. A failed renewal is retried sooner, with a short
-	// jittered backoff, until RenewDeadline.
+	// renew together; renewals due within a hundredth of it (at most
+	// 20 ms) go out together. A failed renewal is retried sooner, with a
+	// short jittered backoff, until RenewDeadline.
 	RenewInterval time.Duration
 
 	// RenewDeadline is how long after sending the last successful renewal
