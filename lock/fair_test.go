@@ -179,3 +179,85 @@ func TestFairWaiting(t *testing.T) {
 		}
 	}
 }
+
+// A waiter that dies in the queue (its client goes away without a word)
+// holds nobody up for good: when its turn comes, the second waiter takes
+// the key after a grace, and the others join it again (the roll call).
+// Every live waiter acquires, one at a time; usually within tens of
+// milliseconds, and at the latest at the waiters' safeguard check (10.5 to
+// 11 TTLs).
+func TestQueueSurvivesDeadWaiter(t *testing.T) {
+	srv := startStore(t)
+	ctx := testCtx(t)
+	const ttl = 500 * time.Millisecond
+	observer := dial(t, srv.Addr())
+	inbox := func(l *lock.Lock) *sskv.Watcher {
+		w, err := observer.Watch(ctx, "q\x00inbox\x00"+l.HolderID())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	// The holder keeps a queue: it waited for the lock itself.
+	first := newLock(t, dial(t, srv.Addr()), lock.Config{Name: "q", TTL: ttl})
+	mustLock(t, first)
+	hc := dial(t, srv.Addr())
+	holder := newLock(t, hc, lock.Config{Name: "q", TTL: ttl})
+	held := make(chan error, 1)
+	go func() { held <- holder.Lock(ctx) }()
+	waitFor(t, "the holder to wait", func() bool { return srv.Watching(hc.ID(), "q\x00inbox\x00"+holder.HolderID()) })
+	if err := first.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-held; err != nil {
+		t.Fatal(err)
+	}
+	const n = 5
+	clients := make([]*sskv.Client, n)
+	ls := make([]*lock.Lock, n)
+	got := make(chan int, n)
+	for i := range n {
+		clients[i] = dial(t, srv.Addr())
+		ls[i] = newLock(t, clients[i], lock.Config{Name: "q", TTL: ttl})
+		told := inbox(ls[i])
+		go func() {
+			if err := ls[i].Lock(ctx); err != nil {
+				if i != 0 {
+					t.Errorf("waiter %d: %v", i, err)
+				}
+				return
+			}
+			got <- i
+		}()
+		// One at a time, so that waiter 0 is first in the queue: the
+		// holder answers each join (a SET of the waiter's inbox).
+		select {
+		case <-told.Events():
+		case <-time.After(waitTimeout):
+			t.Fatalf("the holder did not answer waiter %d's join", i)
+		}
+		told.Stop()
+	}
+	// The first waiter dies: its client is gone, with no leave.
+	_ = clients[0].Close()
+	start := time.Now()
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var inside atomic.Int32
+	for range n - 1 {
+		select {
+		case i := <-got:
+			if inside.Add(1) != 1 {
+				t.Fatal("two waiters held the lock at once")
+			}
+			inside.Add(-1)
+			if err := ls[i].Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(12 * ttl):
+			t.Fatalf("no waiter acquired within 12 TTLs (%v after the release)", time.Since(start))
+		}
+	}
+	t.Logf("%d live waiters served in %v after the release", n-1, time.Since(start))
+}

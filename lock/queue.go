@@ -747,6 +747,11 @@ func (l *Lock) rollGrace() time.Duration {
 func (q *queue) handOver() (first entry, ok bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if q.partial {
+		// Released before its roll call: call it now, or the waiters it
+		// does not know would wait for their safeguard check.
+		q.rollCall()
+	}
 	q.holds, q.partial = false, false
 	if len(q.entries) == 0 || q.ended {
 		q.forward = ""
