@@ -188,16 +188,7 @@ func BenchmarkWaiters(b *testing.B) {
 			b.ReportMetric(float64(run.requests)/float64(run.measured), "reqs/handover")
 			b.ReportMetric(float64(run.maxOvertaken), "max-overtaken")
 			b.ReportMetric(float64(run.neverAcquired), "never-acquired")
-			if run.overlap {
-				b.Fatal("two Locks held the lock at once")
-			}
-			// The documented bounds hold at every size.
-			if run.neverAcquired > 0 {
-				b.Errorf("%d of %d Locks never acquired the lock in %d handovers", run.neverAcquired, n, run.handovers)
-			}
-			if run.maxOvertaken > 2*n {
-				b.Errorf("a Lock call was overtaken %d times; the bound is 2n = %d", run.maxOvertaken, 2*n)
-			}
+			run.check(b, n) // the documented bounds hold at every size
 		})
 	}
 }

@@ -24,6 +24,22 @@ type fairRun struct {
 	overlap       bool            // two held the lock at once
 }
 
+// check fails tb unless run kept the documented bounds for n waiters:
+// one holder at a time, every Lock acquired, none overtaken more than 2n
+// times.
+func (run fairRun) check(tb testing.TB, n int) {
+	tb.Helper()
+	if run.overlap {
+		tb.Errorf("two Locks held the lock at once")
+	}
+	if run.neverAcquired > 0 {
+		tb.Errorf("%d of %d Locks never acquired the lock in %d handovers", run.neverAcquired, n, run.handovers)
+	}
+	if run.maxOvertaken > 2*n {
+		tb.Errorf("a Lock call was overtaken %d times; the bound is 2n = %d", run.maxOvertaken, 2*n)
+	}
+}
+
 // contend runs n Locks on n clients of srv, each holding the lock for hold
 // and calling Lock again as soon as another has taken it, until there were
 // handovers acquisitions after the first. An overtake of a Lock call is an
@@ -166,15 +182,7 @@ func TestFairWaiting(t *testing.T) {
 				run := contend(t, srv, n, 10*n, 5*time.Millisecond, fenceKey)
 				t.Logf("%d handovers: at most %d overtakes, %d never acquired, %.1f requests per handover",
 					run.handovers, run.maxOvertaken, run.neverAcquired, float64(run.requests)/float64(run.measured))
-				if run.overlap {
-					t.Errorf("two Locks held the lock at once")
-				}
-				if run.neverAcquired > 0 {
-					t.Errorf("%d of %d Locks never acquired the lock in %d handovers", run.neverAcquired, n, run.handovers)
-				}
-				if run.maxOvertaken > 2*n {
-					t.Errorf("a Lock call was overtaken %d times; the bound is 2n = %d", run.maxOvertaken, 2*n)
-				}
+				run.check(t, n)
 			})
 		}
 	}
