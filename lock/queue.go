@@ -247,12 +247,14 @@ func (q *queue) run() {
 			q.waiting = false
 			q.settle()
 		}
-		if q.lw != nil {
-			q.lw.Stop()
-			q.lcancel()
-			q.lw, q.lcancel = nil, nil
-		}
+		w, cancel := q.lw, q.lcancel
+		q.lw, q.lcancel = nil, nil
 		q.mu.Unlock()
+		if w != nil {
+			// Not under q.mu: Stop may wait for the store's answer.
+			w.Stop()
+			cancel()
+		}
 		q.notify()
 	}()
 	iev, eev := q.iw.Events(), q.ew.Events()
@@ -753,7 +755,8 @@ func (q *queue) handOver() (first entry, ok bool) {
 		q.rollCall()
 	}
 	q.holds, q.partial = false, false
-	if len(q.entries) == 0 || q.ended {
+	// Even if its watches ended: the turn is a plain SET.
+	if len(q.entries) == 0 {
 		q.forward = ""
 		return entry{}, false
 	}
