@@ -598,20 +598,24 @@ func (l *Lock) release(ctx context.Context) error {
 		// One write hands the key to the longest waiter: the fence makes
 		// sure it replaces only this holding's own record.
 		res, err := conn.Set(ctx, l.cfg.Name, first.rec, sskv.SetOptions{Expiry: l.cfg.TTL, FencingToken: h.token})
+		// The turn goes to the first waiter whatever came of the SET: with
+		// the reservation's token, or without one to take the key once it
+		// is free.
+		var token hlc.Timestamp
+		if err == nil {
+			token = res.Version
+		}
+		l.q.sendTurn(token)
 		switch {
 		case err == nil:
-			l.q.sendTurn(res.Version)
 			l.log.Info("released; handed over", "to", first.id)
 			return nil
 		case errors.Is(err, sskv.ErrFencingTokenLower):
-			l.q.sendTurn(hlc.Timestamp{})
 			l.log.Info("released; a newer holder has the key")
 			return nil
 		case lost(conn) || errors.Is(err, sskv.ErrNotSent):
-			l.q.sendTurn(hlc.Timestamp{})
 			return l.wrap("unlock", fmt.Errorf("%w; the key is gone or expires within its TTL: %w", ErrNotReleased, err))
 		}
-		l.q.sendTurn(hlc.Timestamp{})
 		return l.wrap("unlock", err)
 	}
 	if handover {

@@ -247,14 +247,8 @@ func (q *queue) run() {
 			q.waiting = false
 			q.settle()
 		}
-		w, cancel := q.lw, q.lcancel
-		q.lw, q.lcancel = nil, nil
 		q.mu.Unlock()
-		if w != nil {
-			// Not under q.mu: Stop may wait for the store's answer.
-			w.Stop()
-			cancel()
-		}
+		q.unwatchKey()
 		q.notify()
 	}()
 	iev, eev := q.iw.Events(), q.ew.Events()
@@ -639,6 +633,7 @@ func (q *queue) unwatchKey() {
 	q.lw, q.lcancel = nil, nil
 	q.mu.Unlock()
 	if w != nil {
+		// Not under q.mu: Stop may wait for the store's answer.
 		w.Stop()
 		cancel()
 		q.poke()
@@ -801,10 +796,7 @@ func (q *queue) leave() {
 	if waiting && !q.holds {
 		switch {
 		case q.turn || len(q.entries) > 0:
-			if q.turn && len(q.entries) == 0 {
-				break
-			}
-			q.handOn()
+			q.handOn() // nothing to hand on with the turn alone: the key is free
 		case q.joinedTo != "" && q.joinedTo != "?":
 			q.send(q.joinedTo, append([]byte{msgLeave}, q.l.acqRecord()...))
 		}
