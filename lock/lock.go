@@ -138,7 +138,7 @@ func (l *Lock) TryLock(ctx context.Context) (bool, error) {
 // Lock is one of the first two waiters, which watch the key) the key
 // expires with nobody to hand it over. It sends no request while the holder
 // keeps renewing. Waiters are served in the order they came, and a Lock
-// call is overtaken at most 2N times with N other waiters (see the package
+// call is overtaken about 2N times at most with N other waiters (see the package
 // documentation; Config.Race turns the queue off). After a reconnect, or if
 // notifications were lost, it checks again at once, and as a safeguard it
 // checks after 10 TTLs without news.

@@ -491,7 +491,10 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 						graceSet = true
 						g := l.queueGrace()
 						if st.head == toldSecond {
-							g *= 2
+							// The second covers for a first that is gone:
+							// taking the key while the turn is merely slow
+							// would split the queue, so it waits longer.
+							g = max(2*g, min(l.cfg.TTL/10, time.Second))
 						}
 						grace.Reset(g)
 					}
