@@ -71,7 +71,7 @@ const (
 	msgLeave   = '-' // record: the sender gave up
 	msgHead    = 'H' // '1' or '2': you are among the first waiters; watch the key
 	msgAck     = 'K' // your join is queued
-	msgTurn    = 'Q' // token '\n' entries: the lock is released to you; the rest of the queue
+	msgTurn    = 'Q' // reservation ',' releaser '\n' entries: the lock is released to you; the rest of the queue
 	msgForward = 'A' // entries: queue these after the ones you have
 	msgRoll    = 'E' // entries: the queue as its holder knows it (the roll-call key)
 )
@@ -148,6 +148,20 @@ type queue struct {
 	holds   bool
 	forward string // after a handover: whom it handed the queue to
 	partial bool   // it holds without the queue handed to it: a roll call is due
+	// releasing: it is releasing, and hands its queue over once the key
+	// is released; until then it keeps what it is told.
+	releasing bool
+	handTo    entry // while releasing: the first waiter, whom the release is for
+	// heldToken is the token of its latest holding, which the turns it
+	// sends carry: a turn from a holding no newer than it is late, and
+	// its queue follows the one this Lock is in.
+	heldToken hlc.Timestamp
+	// relToken is the token of the holding whose release gave it the turn.
+	relToken hlc.Timestamp
+	// merge: it waits in another's queue while it keeps one (it lost a
+	// turn, or a turn came late): it passes what it keeps to the Lock it
+	// joined once that confirms it.
+	merge   bool
 	lastMsg hlc.Timestamp
 	// As a waiter.
 	joinedTo string // whom its join went to; "" when not joined
@@ -155,7 +169,6 @@ type queue struct {
 	acked    bool // the join was confirmed
 	head     byte // toldFirst or toldSecond when it is told it is among the first
 	turn     bool // the lock was released to it
-	keeper   bool // it keeps the queue while someone who keeps none holds the lock
 	token    hlc.Timestamp
 	rejoin   bool // check the lock and join again
 	// The lock's key, while watched.
@@ -368,28 +381,31 @@ func (q *queue) onInbox(ev sskv.Event) {
 			q.head, q.acked = body[0], true
 		}
 	case msgAck:
+		// Queued behind the first two (a merged queue may move a waiter
+		// back): it no longer covers for the first.
 		q.acked = true
+		if q.waiting && !q.holds {
+			q.head = 0
+		}
 	case msgTurn:
-		tok, rest, ok := bytes.Cut(body, []byte{'\n'})
-		es, ok2 := parseEntries(rest)
-		if !ok || !ok2 {
+		token, rel, es, ok := parseTurn(body)
+		if !ok {
 			return
 		}
-		var token hlc.Timestamp
-		if len(tok) > 0 {
-			t, err := hlc.ParseBytes(tok)
-			if err != nil {
-				return
-			}
-			token = t
-		}
-		if q.holds {
+		switch {
+		case q.holds:
 			// It took the lock before the turn came (the release's
 			// notification came first): the queue it was handed comes
 			// before whoever joined it since.
 			q.partial = false
-		} else {
-			q.turn, q.token, q.acked, q.forward = true, token, true, ""
+		case !rel.IsZero() && !rel.After(q.heldToken):
+			// The turn of a holding no newer than its own: it came after
+			// this Lock had taken the key (and maybe released it). Its
+			// queue goes where this Lock's goes (see settle).
+			q.merge = q.waiting
+		default:
+			q.turn, q.token, q.relToken, q.acked, q.forward = true, token, rel, true, ""
+			q.merge = false
 		}
 		q.entries = mergeEntries(q.l.cfg.HolderID, es, q.entries)
 	}
@@ -427,6 +443,47 @@ func mergeEntries(self string, first, then []entry) []entry {
 	return out
 }
 
+// parseTurn decodes a turn's body: the reservation's version (zero
+// without one), the token of the holding that released, and the queue.
+func parseTurn(body []byte) (token, rel hlc.Timestamp, es []entry, ok bool) {
+	toks, rest, ok := bytes.Cut(body, []byte{'\n'})
+	if !ok {
+		return token, rel, nil, false
+	}
+	if es, ok = parseEntries(rest); !ok {
+		return token, rel, nil, false
+	}
+	a, b, _ := bytes.Cut(toks, []byte{','})
+	for _, t := range []struct {
+		s   []byte
+		out *hlc.Timestamp
+	}{{a, &token}, {b, &rel}} {
+		if len(t.s) == 0 {
+			continue
+		}
+		v, err := hlc.ParseBytes(t.s)
+		if err != nil {
+			return token, rel, nil, false
+		}
+		*t.out = v
+	}
+	return token, rel, es, true
+}
+
+// turnBody encodes what parseTurn decodes.
+func turnBody(token, rel hlc.Timestamp, es []entry) []byte {
+	msg := []byte{msgTurn}
+	if !token.IsZero() {
+		msg, _ = token.AppendText(msg)
+	}
+	msg = append(msg, ',')
+	if !rel.IsZero() {
+		msg, _ = rel.AppendText(msg)
+	}
+	msg = append(msg, '\n')
+	return appendEntries(msg, es)
+}
+
 // settle does what this Lock owes the entries it keeps: a holder tells the
 // first two waiters to watch the key and confirms the others; a waiter
 // keeps them; a Lock that handed the queue on passes them on; one that
@@ -434,7 +491,7 @@ func mergeEntries(self string, first, then []entry) []entry {
 // held.
 func (q *queue) settle() {
 	switch {
-	case q.holds:
+	case q.holds || q.releasing:
 		for i := range q.entries {
 			e := &q.entries[i]
 			switch {
@@ -449,7 +506,26 @@ func (q *queue) settle() {
 	case q.waiting:
 		// It keeps them: they are its queue once it takes the lock, and
 		// it hands them on if it gives up. (A join may overtake the turn
-		// it follows.)
+		// it follows.) It confirms them now: a waiter left unconfirmed
+		// would take the key at the next release, as if it had joined a
+		// holder that keeps no queue.
+		if q.merge && !q.turn && q.acked && q.joinedTo != "" && q.joinedTo != "?" && len(q.entries) > 0 {
+			// It waits in another's queue (it lost a turn, or a turn came
+			// late): what it keeps goes there too, after the waiters
+			// there, to be told their place afresh.
+			for i := range q.entries {
+				q.entries[i].told = toldNothing
+			}
+			q.send(q.joinedTo, appendEntries([]byte{msgForward}, q.entries))
+			q.entries = nil
+			break
+		}
+		for i := range q.entries {
+			if e := &q.entries[i]; e.told == toldNothing {
+				e.told = toldAck
+				q.send(e.id, []byte{msgAck})
+			}
+		}
 	case q.forward != "" && !q.turn:
 		if len(q.entries) > 0 {
 			q.send(q.forward, appendEntries([]byte{msgForward}, q.entries))
@@ -468,9 +544,13 @@ func (q *queue) handOn() {
 		return
 	}
 	first := q.entries[0]
-	msg := append([]byte{msgTurn}, '\n')
-	msg = appendEntries(msg, q.entries[1:])
-	q.send(first.id, msg)
+	// The turn it passes on came from relToken's release; else the key
+	// was last released by this Lock, with the queue that follows it.
+	rel := q.heldToken
+	if q.relToken.After(rel) {
+		rel = q.relToken
+	}
+	q.send(first.id, turnBody(hlc.Timestamp{}, rel, q.entries[1:]))
 	q.forward, q.entries = first.id, nil
 }
 
@@ -544,7 +624,6 @@ type queueState struct {
 	changed  bool          // the lock's key changed since the last look
 	head     byte
 	acked    bool
-	keeper   bool // it keeps the queue of a holder that keeps none
 	expired  bool // the key expired (rather than being released)
 	joinedAt time.Time
 	known    bool // the key's state is known (see queue.known)
@@ -568,7 +647,6 @@ func (q *queue) state() queueState {
 		changed:  q.changed,
 		head:     q.head,
 		acked:    q.acked,
-		keeper:   q.keeper,
 		expired:  q.expired,
 		joinedAt: q.joinedAt,
 		known:    q.known,
@@ -694,7 +772,7 @@ func (q *queue) startWait() {
 func (q *queue) joined(id string, acked bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.joinedTo, q.acked, q.rejoin, q.head, q.keeper = id, acked, false, 0, false
+	q.joinedTo, q.acked, q.rejoin, q.head = id, acked, false, 0
 	q.joinedAt = time.Now()
 }
 
@@ -703,20 +781,21 @@ func (q *queue) joined(id string, acked bool) {
 func (q *queue) lostTurn() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.turn, q.head, q.acked, q.keeper = false, toldFirst, true, true
-	if q.joinedTo == "" {
-		q.joinedTo = "?" // keeps it from joining: it has the queue
-	}
+	// It joins the new holder, and once that confirms it, passes on the
+	// queue it was handed (see settle): two queues would each wait for
+	// the other's key to be free.
+	q.turn, q.head, q.acked, q.rejoin, q.merge = false, 0, false, true, true
 }
 
 // acquired makes this Lock the queue's keeper: it holds the lock. partial
 // tells that it took a key whose holder went without handing the queue
 // over (it expired, or a holder that kept no queue released it): it calls
 // the roll unless a turn comes within a grace.
-func (q *queue) acquired(partial bool) {
+func (q *queue) acquired(partial bool, token hlc.Timestamp) {
 	q.mu.Lock()
+	q.heldToken, q.relToken, q.merge = token, hlc.Timestamp{}, false
 	q.holds, q.waiting = true, false
-	q.turn, q.joinedTo, q.acked, q.head, q.rejoin, q.forward, q.keeper = false, "", false, 0, false, "", false
+	q.turn, q.joinedTo, q.acked, q.head, q.rejoin, q.forward = false, "", false, 0, false, ""
 	q.partial = partial
 	q.settle()
 	q.mu.Unlock()
@@ -755,6 +834,7 @@ func (q *queue) handOver() (first entry, ok bool) {
 		q.forward = ""
 		return entry{}, false
 	}
+	q.releasing, q.handTo = true, q.entries[0]
 	return q.entries[0], true
 }
 
@@ -772,16 +852,17 @@ func (q *queue) sendTurn(token hlc.Timestamp) {
 func (q *queue) turnMsg(token hlc.Timestamp) (string, []byte) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if q.releasing && !token.IsZero() {
+		// The turn goes to the waiter the reservation names, whatever
+		// came in meanwhile (a late turn's queue, which goes first).
+		q.entries = mergeEntries(q.l.cfg.HolderID, []entry{q.handTo}, q.entries)
+	}
+	q.releasing, q.handTo = false, entry{}
 	if len(q.entries) == 0 {
 		return "", nil
 	}
 	first := q.entries[0]
-	msg := []byte{msgTurn}
-	if !token.IsZero() {
-		msg, _ = token.AppendText(msg)
-	}
-	msg = append(msg, '\n')
-	msg = appendEntries(msg, q.entries[1:])
+	msg := turnBody(token, q.heldToken, q.entries[1:])
 	q.forward, q.entries = first.id, nil
 	q.acked = true // it may join first.id again without watching the key
 	return first.id, msg
@@ -800,7 +881,7 @@ func (q *queue) leave() {
 		case q.joinedTo != "" && q.joinedTo != "?":
 			q.send(q.joinedTo, append([]byte{msgLeave}, q.l.acqRecord()...))
 		}
-		q.turn, q.joinedTo, q.acked, q.head, q.rejoin, q.keeper = false, "", false, 0, false, false
+		q.turn, q.joinedTo, q.acked, q.head, q.rejoin, q.merge = false, "", false, 0, false, false
 	}
 	q.mu.Unlock()
 	q.unwatchKey()

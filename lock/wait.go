@@ -260,6 +260,16 @@ func (l *Lock) queueGrace() time.Duration {
 	return min(max(l.cfg.TTL/100, 10*time.Millisecond), 50*time.Millisecond, l.cfg.TTL)
 }
 
+// coverGrace is how long a waiter that may not be next lets the turn come,
+// when the key is released, before it takes the key itself: the second
+// waiter, covering for a first that may be gone, and a waiter whose join
+// was not confirmed, which may have joined a holder that keeps no queue.
+// Taking the key while the turn or a confirmation is merely slow (a loaded
+// machine) would split the queue, so it is longer than queueGrace.
+func (l *Lock) coverGrace() time.Duration {
+	return min(max(2*l.queueGrace(), min(l.cfg.TTL/10, time.Second)), l.cfg.TTL)
+}
+
 // waitQueued acquires the lock as wait does, queueing behind the waiters
 // that came first (see queue.go). The caller has the turn.
 func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
@@ -357,7 +367,7 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 		switch {
 		case ok:
 			acquired = true
-			q.acquired(partial)
+			q.acquired(partial, l.holding().token)
 			return true, nil
 		case err != nil:
 			if stop, err := fail(err); stop {
@@ -407,6 +417,15 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 				// The lock is released to this Lock, and the release's
 				// delete, sent before the turn, has yet to reach the watch:
 				// take the key when it does.
+			case st.reserved && !st.turn && !graced:
+				// Its reservation is in; the turn, sent right after it,
+				// brings the queue. Taking the key before the turn comes
+				// would leave that queue to arrive when this Lock may
+				// have released already: let it come first, for a grace.
+				if !graceSet {
+					graceSet = true
+					grace.Reset(l.queueGrace())
+				}
 			case st.turn || st.reserved:
 				// The lock was released to this Lock.
 				graced, graceSet = false, false
@@ -422,7 +441,7 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 				case st.watching:
 					q.sawHeld() // the delete is yet to come, or another took the key: wait for its delete
 				default:
-					q.lostTurn() // someone else took it: wait for it as the first waiter
+					q.lostTurn() // someone else took it: join it
 				}
 				continue
 			case st.stray && !st.join:
@@ -480,30 +499,34 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 			case st.free && (st.head != 0 || !st.acked):
 				// Freed, and no turn yet. A release is followed by the
 				// turn, sent to the next waiter; so unless the key expired
-				// (its holder is gone), or this Lock keeps the queue of a
-				// holder that kept none, it lets the turn come first.
-				// A join that was not confirmed within a grace went to a
-				// holder that keeps no queue.
-				ignored := !st.acked && time.Since(st.joinedAt) > l.queueGrace()
-				now := st.changed && (st.keeper || ignored || (st.expired && (st.head == toldFirst || !st.acked)))
+				// (its holder is gone), it lets the turn come first.
+				// A join that was not confirmed within coverGrace went to
+				// a holder that keeps no queue.
+				ignored := !st.acked && time.Since(st.joinedAt) > l.coverGrace()
+				now := st.changed && (ignored || (st.expired && (st.head == toldFirst || !st.acked)))
 				if !now && !graced {
 					if !graceSet {
 						graceSet = true
 						g := l.queueGrace()
-						if st.head == toldSecond {
+						switch {
+						case st.head == toldSecond:
 							// The second covers for a first that is gone:
 							// taking the key while the turn is merely slow
 							// would split the queue, so it waits longer.
-							g = max(2*g, min(l.cfg.TTL/10, time.Second))
+							g = l.coverGrace()
+						case !st.acked:
+							// Its confirmation may be merely slow, too: it
+							// waits until its join is coverGrace old.
+							g = max(g, l.coverGrace()-time.Since(st.joinedAt))
 						}
 						grace.Reset(g)
 					}
 					break
 				}
 				graced, graceSet = false, false
-				// A keeper has the queue; a waiter told it is among the
-				// first, taking a key its holder did not hand over, may not.
-				if done, err := try(hlc.Timestamp{}, st.acked && !st.keeper); done {
+				// A waiter told it is among the first, taking a key its
+				// holder did not hand over, may not have the whole queue.
+				if done, err := try(hlc.Timestamp{}, st.acked); done {
 					return unknown, err
 				}
 				if !st.acked {
