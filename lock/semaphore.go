@@ -201,15 +201,18 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (bool, error) {
 //
 // It reads the record (one GET; creating it with SET NX if missing and
 // Config.Limit is set), then tries the slots with TryLock from a random
-// one, which spreads participants over them: an uncontended acquisition
-// costs the GET and two requests per slot tried (FenceKey). If every slot
-// is held, it waits in the queue of one slot chosen at random, as
-// [Lock.Lock] waits: no request while the holders renew, the slot handed
-// over at its holder's release. The limitation: a waiter waits for its
-// slot only. Another slot released with nobody queued on it is free for the
-// next participant that arrives (its TryLock finds it), not for waiters
-// queued on other slots, which go on waiting for their own slot's holder.
-// See the package documentation for the fairness bound this gives.
+// one, which spreads participants over them: the GET, one request per held
+// slot tried, and the two requests of a FenceKey acquisition for the slot
+// taken. If every slot is held, it waits in the queue of one slot chosen
+// at random, as [Lock.Lock] waits: no request while the holders renew,
+// the slot handed over at its holder's release.
+//
+// The limitation: a waiter waits for its slot only. Another slot released
+// with nobody queued on it is free for the next participant that arrives
+// (its TryLock finds it), not for waiters queued on other slots, which go
+// on waiting for their own slots' holders, however long they hold. So the
+// order of a Lock's waiters holds within each slot, not across slots; see
+// the package documentation for what was measured.
 //
 // Errors are those of Lock.Lock, and ErrLimitMismatch or ErrNoLimit from
 // the record. ctx ending, or Close, ends the wait with nothing held.
