@@ -354,7 +354,7 @@ func (s *Semaphore) Release(ctx context.Context) error {
 	if cur == nil {
 		return s.wrap("release", ErrNotHeld)
 	}
-	return cur.Unlock(ctx)
+	return s.fail(ctx, "", cur.Unlock(ctx))
 }
 
 // Close releases the slot held, if any (as Release, bounded by ctx), ends

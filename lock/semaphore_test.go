@@ -259,9 +259,12 @@ func TestSemaphoreLostSlotIsFenced(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = proxy.Close() })
 	ctx := testCtx(t)
+	// a's lease is short, to lose it soon; b's and c's are long enough not
+	// to miss a renewal on a loaded machine.
 	cfg := lock.SemaphoreConfig{Name: "s", Limit: 2, TTL: 300 * time.Millisecond}
 	ca := dial(t, proxy.Addr())
 	a := newSemaphore(t, ca, cfg)
+	cfg.TTL = 3 * time.Second
 	b := newSemaphore(t, dial(t, srv.Addr()), cfg)
 	cc := dial(t, srv.Addr())
 	c := newSemaphore(t, cc, cfg)
