@@ -247,10 +247,11 @@
 // them until they release, so change it only while nobody holds.
 //
 // Acquiring reads the record and tries a slot chosen at random (TryLock),
-// which spreads participants over the slots: free, it costs 4 requests
-// (the GET, the SET NEX PX and the fenced SET of FenceKey, then the VDEL
-// of the release) and the KEYNOTIFY of the holding's watch of its key,
-// about 1.8 ms for the pair on the local store (BenchmarkSemaphore). If
+// which spreads participants over the slots. Free, an Acquire and its
+// Release cost 4 requests (the GET, the SET NEX PX and the fenced SET of
+// FenceKey, the VDEL) and the holding's watch of its key (KEYNOTIFY, and
+// KEYNOTIFY STOP at the release): BenchmarkSemaphore counts 5 reaching the
+// store, about 2 ms for the pair on the local store. If
 // that slot is held it tries the others, then waits in the queue of one
 // slot chosen at random, as Lock.Lock does: it sends nothing while the
 // holders renew (12 requests to enter, with N = 2), and the slot is handed
@@ -264,9 +265,9 @@
 // overtaken by everyone served by the other slots meanwhile. Measured (10
 // participants on their own clients, N = 3, each holding 3 ms and
 // acquiring again at once, 300 acquisitions, race detector on a loaded
-// 2-core machine): an Acquire was overtaken at most 29-75 times in 9 runs
-// out of 10, and 125 times once, where a first-come, first-served
-// semaphore would allow about 7; every participant acquired. Waiting on
+// 2-core machine): the Acquire overtaken most was overtaken 17-75 times in
+// about 30 runs, and 125 times in one, where a first-come, first-served
+// semaphore would allow about 7; every participant acquired in every run. Waiting on
 // every slot's queue at once, or watching the other slots for a release
 // with nobody queued, were tried and did worse: an ended wait can leave
 // behind the reservation its slot's holder made for it at the release, and

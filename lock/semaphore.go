@@ -29,7 +29,8 @@ type SemaphoreConfig struct {
 	// participant to find no record writes it (SET NX, no expiry); the
 	// record rules from then on, and a participant whose Limit differs from
 	// it cannot acquire (ErrLimitMismatch). Zero: take the record's (an
-	// acquisition fails with ErrNoLimit if there is none).
+	// acquisition fails with ErrNoLimit if there is none). At most 1000: an
+	// acquisition that finds the slots held tries each of them.
 	Limit int
 
 	// HolderID identifies this participant: it is the holder id of each slot
@@ -49,8 +50,8 @@ const slotInfix = "\x00slot\x00"
 // semaphoreRecordPrefix starts the value of a semaphore's record key.
 const semaphoreRecordPrefix = "dsslock-semaphore limit="
 
-// maxSemaphoreLimit bounds Limit: a contended acquisition costs requests in
-// proportion to it (see Semaphore.Acquire).
+// maxSemaphoreLimit bounds Limit: an acquisition that finds the slots held
+// has tried each of them (see Semaphore.Acquire).
 const maxSemaphoreLimit = 1000
 
 // SemaphoreSlot returns the key of slot i of the semaphore name.
@@ -117,7 +118,7 @@ func NewSemaphore(c *sskv.Client, cfg SemaphoreConfig) (*Semaphore, error) {
 	if cfg.Limit < 0 || cfg.Limit > maxSemaphoreLimit {
 		return nil, configErr("semaphore Limit %d: want 1 to %d, or 0 to take the record's", cfg.Limit, maxSemaphoreLimit)
 	}
-	// The slots' Config checks the rest (with the name of slot 0).
+	// Config checks the rest, as it will for each slot.
 	lc, err := Config{
 		Name:          cfg.Name,
 		HolderID:      cfg.HolderID,

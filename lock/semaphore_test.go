@@ -224,8 +224,9 @@ func contendSemaphore(tb testing.TB, addr string, limit, n, rounds int, hold tim
 // TestSemaphoreLimit: 10 participants of a semaphore of limit 3, each on
 // its own client, holding a few milliseconds and acquiring again at once:
 // never more than 3 hold at once (counted inside the guarded work, whose
-// fenced writes all go through), 3 do hold at once, and every participant
-// acquires. Waiters queue on one slot each, so there is no fairness bound
+// fenced writes all go through), more than one does, and every participant
+// acquires. (All 3 at once is usual but not certain: under the race
+// detector a handover takes longer than the 3 ms a holding lasts.) Waiters queue on one slot each, so there is no fairness bound
 // across slots (see the package documentation): the test checks only that
 // no Acquire waits through half of the run, and logs the most overtakes.
 func TestSemaphoreLimit(t *testing.T) {
@@ -236,8 +237,8 @@ func TestSemaphoreLimit(t *testing.T) {
 	if run.maxHolders > limit {
 		t.Errorf("%d holders at once; the limit is %d", run.maxHolders, limit)
 	}
-	if run.maxHolders < limit {
-		t.Errorf("never more than %d holders at once; the limit %d was never used", run.maxHolders, limit)
+	if run.maxHolders < 2 {
+		t.Errorf("never more than %d holder at once: the semaphore worked as a mutex", run.maxHolders)
 	}
 	if run.neverAcquired > 0 {
 		t.Errorf("%d of %d participants never acquired", run.neverAcquired, n)
