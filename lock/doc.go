@@ -251,7 +251,7 @@
 // Release cost 4 requests (the GET, the SET NEX PX and the fenced SET of
 // FenceKey, the VDEL) and the holding's watch of its key (KEYNOTIFY, and
 // KEYNOTIFY STOP at the release): BenchmarkSemaphore counts 5 reaching the
-// store, about 2 ms for the pair on the local store. If
+// store, 1.1-2 ms for the pair on the local store. If
 // that slot is held it tries the others, then waits in the queue of one
 // slot chosen at random, as Lock.Lock does: it sends nothing while the
 // holders renew (12 requests to enter, with N = 2), and the slot is handed
