@@ -192,3 +192,28 @@ func BenchmarkWaiters(b *testing.B) {
 		})
 	}
 }
+
+// One uncontended Acquire and Release of a semaphore of limit 3: the GET of
+// the record, the SET NEX PX and fenced SET that take a slot (FenceKey),
+// and the fenced VDEL of the release. Reports the requests per round trip.
+func BenchmarkSemaphore(b *testing.B) {
+	srv := startStore(b)
+	c := dial(b, srv.Addr())
+	s, err := lock.NewSemaphore(c, lock.SemaphoreConfig{Name: "s", Limit: 3})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = s.Close(testCtx(b)) })
+	ctx := testCtx(b)
+	before := srv.Requests(c.ID())
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := s.Acquire(ctx); err != nil {
+			b.Fatal(err)
+		}
+		if err := s.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(srv.Requests(c.ID())-before)/float64(b.N), "requests/op")
+}

@@ -65,3 +65,18 @@ var (
 	// ErrConfig is wrapped by every error about an invalid [Config].
 	ErrConfig = errors.New("lock: invalid config")
 )
+
+// Errors of a [Semaphore].
+var (
+	// ErrLimitMismatch is wrapped by the error of an acquisition whose
+	// SemaphoreConfig.Limit differs from the limit in the semaphore's
+	// record (the error names both), or whose record key holds something
+	// else. The record never changes by itself: to change the limit, delete
+	// the record (sskv del NAME) while nobody holds the semaphore.
+	ErrLimitMismatch = errors.New("lock: semaphore limit mismatch")
+
+	// ErrNoLimit is wrapped by the error of an acquisition with
+	// SemaphoreConfig.Limit 0 when the semaphore has no record to take the
+	// limit from.
+	ErrNoLimit = errors.New("lock: semaphore has no record of its limit, and Limit is 0")
+)

@@ -9,10 +9,12 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/dsslock/dsslock/hlc"
 	"github.com/dsslock/dsslock/lock"
 	"github.com/dsslock/dsslock/sskv"
 )
@@ -21,24 +23,53 @@ import (
 const (
 	envToken = "DSSLOCK_TOKEN"
 	envLock  = "DSSLOCK_LOCK"
+	envSlot  = "DSSLOCK_SLOT" // with -n: the semaphore's slot held
 )
 
 // releaseTimeout bounds the release of the lock after the command exits.
 const releaseTimeout = 10 * time.Second
 
-// runLocked waits for the lock name, runs argv while holding it and returns
-// the exit status: argv's, or exitLost if the lock was lost meanwhile.
-func runLocked(ctx context.Context, c *sskv.Client, name string, argv []string, ttl time.Duration, log *slog.Logger, stdin io.Reader, stdout, stderr io.Writer) int {
-	l, err := lock.New(c, lock.Config{Name: name, TTL: ttl, Logger: log})
-	if err != nil {
-		return fail(stderr, usagef("%v", err)) // err says "lock: ..." itself
+// holder is what runLocked needs of a lock.Lock or a lock.Semaphore.
+type holder interface {
+	Done() <-chan struct{}
+	Err() error
+	Token() hlc.Timestamp
+}
+
+// runLocked waits for the lock name (with limit > 0: for one of the limit
+// slots of the semaphore name), runs argv while holding it and returns the
+// exit status: argv's, or exitLost if the lock was lost meanwhile.
+func runLocked(ctx context.Context, c *sskv.Client, name string, limit int, argv []string, ttl time.Duration, log *slog.Logger, stdin io.Reader, stdout, stderr io.Writer) int {
+	var (
+		l       holder
+		acquire func(context.Context) error
+		release func(context.Context) error
+		grace   time.Duration // see below
+		env     = []string{envLock + "=" + name}
+	)
+	if limit == 0 {
+		lk, err := lock.New(c, lock.Config{Name: name, TTL: ttl, Logger: log})
+		if err != nil {
+			return fail(stderr, usagef("%v", err)) // err says "lock: ..." itself
+		}
+		l, acquire, release = lk, lk.Lock, lk.Unlock
+		grace = lk.Config().TTL - lk.Config().RenewDeadline
+	} else {
+		s, err := lock.NewSemaphore(c, lock.SemaphoreConfig{Name: name, Limit: limit, TTL: ttl, Logger: log})
+		if err != nil {
+			return fail(stderr, usagef("%v", err))
+		}
+		defer func() { _ = s.Close(context.Background()) }() // after the release: closes the slots' idle queues
+		l, acquire, release = s, s.Acquire, s.Release
+		grace = s.Config().TTL - s.Config().RenewDeadline
+		env = append(env, envSlot+"=-") // set below, once acquired
 	}
 	// Signals are passed on to the command once it runs; until then they
 	// end the wait (ctx).
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(sigs)
-	if err := l.Lock(ctx); err != nil {
+	if err := acquire(ctx); err != nil {
 		if ctx.Err() != nil {
 			fmt.Fprintf(stderr, "sskv: lock %q: interrupted while waiting\n", name)
 			return exitError
@@ -48,23 +79,25 @@ func runLocked(ctx context.Context, c *sskv.Client, name string, argv []string, 
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 		defer cancel()
-		if err := l.Unlock(rctx); err != nil {
+		if err := release(rctx); err != nil {
 			fmt.Fprintf(stderr, "sskv: %v (it expires after %v)\n", err, ttl)
 		}
 	}()
 
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
-	cmd.Env = append(os.Environ(), envToken+"="+l.Token().String(), envLock+"="+name)
+	if s, ok := l.(*lock.Semaphore); ok {
+		env[len(env)-1] = envSlot + "=" + strconv.Itoa(s.Slot())
+	}
+	cmd.Env = append(append(os.Environ(), envToken+"="+l.Token().String()), env...)
 	if err := cmd.Start(); err != nil {
 		return fail(stderr, fmt.Errorf("lock %q: %w", name, err))
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 
-	// The store can expire the key TTL - RenewDeadline after the holder
-	// noticed the loss: the command must be gone by then.
-	grace := l.Config().TTL - l.Config().RenewDeadline
+	// The store can expire the key TTL - RenewDeadline (grace) after the
+	// holder noticed the loss: the command must be gone by then.
 	var (
 		lost <-chan struct{} = l.Done()
 		kill <-chan time.Time

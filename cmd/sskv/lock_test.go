@@ -173,3 +173,75 @@ func waitFile(t *testing.T, path string) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// "sskv lock -n 2", several processes at once: at most two commands run at
+// once, each in a slot of its own with that slot's token, all of them run
+// and finish, and every slot is free afterwards. A run that asks another
+// limit fails rather than exceed it.
+func TestLockSemaphoreProcesses(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	journal := filepath.Join(t.TempDir(), "journal")
+	// One append per line: each is one write(2) to a file opened with
+	// O_APPEND, so lines of concurrent commands do not mix.
+	script := `echo "in $DSSLOCK_SLOT $DSSLOCK_TOKEN $DSSLOCK_LOCK" >> "$0"; sleep 0.2; echo "out $DSSLOCK_SLOT" >> "$0"`
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const runs = 5
+	var wg sync.WaitGroup
+	errs := make([]error, runs)
+	stderrs := make([]bytes.Buffer, runs)
+	for i := range runs {
+		cmd := exec.Command(self, "-addr", srv.Addr(), "lock", "-n", "2", "-ttl", "2s", "fleet/fw", "--", "sh", "-c", script, journal)
+		cmd.Env = append(os.Environ(), "SSKV_TEST_MAIN=1")
+		cmd.Stderr = &stderrs[i]
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() { errs[i] = cmd.Wait() })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("run %d: %v, stderr %q", i, err, stderrs[i].String())
+		}
+	}
+	data, err := os.ReadFile(journal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := regexp.MustCompile(`^in ([01]) (\d{15}:\d{5}:statestore) fleet/fw$`)
+	running := map[string]bool{} // slots in use
+	most, ins := 0, 0
+	for line := range strings.SplitSeq(strings.TrimSpace(string(data)), "\n") {
+		if m := in.FindStringSubmatch(line); m != nil {
+			if running[m[1]] {
+				t.Fatalf("two commands in slot %s at once:\n%s", m[1], data)
+			}
+			if _, err := hlc.Parse(m[2]); err != nil {
+				t.Fatalf("token %q: %v", m[2], err)
+			}
+			running[m[1]] = true
+			ins++
+			most = max(most, len(running))
+			continue
+		}
+		slot, ok := strings.CutPrefix(line, "out ")
+		if !ok || !running[slot] {
+			t.Fatalf("unexpected line %q:\n%s", line, data)
+		}
+		delete(running, slot)
+	}
+	if ins != runs || len(running) != 0 {
+		t.Fatalf("%d commands ran, %d still in; want %d, all out:\n%s", ins, len(running), runs, data)
+	}
+	if most != 2 {
+		t.Errorf("at most %d commands at once; want 2 (the limit, with 5 runs of 0.2 s started together)", most)
+	}
+	for _, slot := range []string{"0", "1"} {
+		sskvRun(t, "-addr", srv.Addr(), "get", "fleet/fw\x00slot\x00"+slot).want(t, exitNotMet, "", "(not found)")
+	}
+	sskvRun(t, "-addr", srv.Addr(), "lock", "-n", "3", "fleet/fw", "--", "true").want(t, exitError, "", "limit mismatch")
+	sskvRun(t, "-addr", srv.Addr(), "lock", "-n", "0", "fleet/fw", "--", "true").want(t, exitUsage, "", "-n 0")
+}

@@ -95,6 +95,7 @@ type cmdOpts struct {
 	persist bool
 	file    string
 	ttl     time.Duration
+	limit   int
 	listen  bool
 
 	given map[string]bool // the command's flags given explicitly
@@ -224,8 +225,8 @@ too slow). Changes made before the watch started are not printed.`,
 	},
 	{
 		name:    "lock",
-		args:    "[-ttl DURATION] NAME -- COMMAND [ARGS...]",
-		summary: "run COMMAND while holding the lock NAME",
+		args:    "[-ttl DURATION] [-n N] NAME -- COMMAND [ARGS...]",
+		summary: "run COMMAND while holding the lock NAME (or one of N slots)",
 		doc: `Waits for the lock NAME (a key of the state store, held with package
 github.com/dsslock/dsslock/lock), runs COMMAND while holding it, releases it
 when COMMAND exits, and exits with COMMAND's status (128+N if a signal N
@@ -235,6 +236,17 @@ fenced writes:
 
 	sskv lock jobs/nightly -- sh -c 'sskv set -ft "$DSSLOCK_TOKEN" jobs/last "$(date)"'
 
+With -n N, NAME is a semaphore (lock.Semaphore): up to N commands run at
+once, each holding one of its N slots, as "consul lock -n". COMMAND also
+gets DSSLOCK_SLOT, the slot's number (0 to N-1); DSSLOCK_TOKEN is that
+slot's token, which fences writes against the slot's earlier and later
+holders (a key per slot, say, such as "jobs/upgrade/$DSSLOCK_SLOT"). The
+first run writes N into the key NAME, and a run that gives another N fails
+(the limit mismatch on stderr, exit status 1) rather than exceed it; to
+change N, delete the key while no run holds a slot: "sskv del NAME".
+
+	sskv lock -n 2 fleet/firmware -- ./upgrade.sh   # at most 2 at once
+
 SIGINT and SIGTERM sent to sskv are passed on to COMMAND; the lock is
 released after COMMAND exits. If the lock is lost while COMMAND runs (no
 renewal succeeded within two thirds of the TTL, or someone else took it),
@@ -243,9 +255,15 @@ could expire the lock (a third of the TTL later), and sskv exits with
 status 4, the reason on stderr. Give -- before COMMAND when it has flags.`,
 		flags: func(fs *flag.FlagSet, o *cmdOpts) {
 			durationFlag(fs, &o.ttl, "ttl", lock.DefaultTTL, "the lease `DURATION`: how long the lock outlives its holder's last renewal")
+			fs.IntVar(&o.limit, "n", 0, "hold one of `N` slots of the semaphore NAME, so that up to N commands run at once\n(default: a lock, one at a time)")
 		},
 		minArgs: 2, maxArgs: -1,
-		check: func(o *cmdOpts, _ []string) error { return checkTTL(o.ttl) },
+		check: func(o *cmdOpts, _ []string) error {
+			if o.given["n"] && (o.limit < 1 || o.limit > 1000) {
+				return usagef("-n %d: want 1 to 1000 slots", o.limit)
+			}
+			return checkTTL(o.ttl)
+		},
 	},
 	electCommand,
 }
@@ -539,7 +557,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		if cf.verbose {
 			log = cfg.Logger
 		}
-		return runLocked(ctx, c, pos[0], pos[1:], o.ttl, log, stdin, stdout, stderr)
+		return runLocked(ctx, c, pos[0], o.limit, pos[1:], o.ttl, log, stdin, stdout, stderr)
 	case "elect":
 		if o.listen {
 			return observeElection(ctx, c, pos[0], stdout, stderr)

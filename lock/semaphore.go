@@ -1,0 +1,534 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/sskv"
+)
+
+// SemaphoreConfig configures a [Semaphore]. Name is required; Limit is
+// required unless the semaphore's record exists already. TTL,
+// RenewInterval, RenewDeadline, Logger and OnRenewal mean what they mean in
+// [Config], and apply to each slot the participant holds.
+type SemaphoreConfig struct {
+	// Name is the semaphore's record key; its slots are the keys Name +
+	// "\x00slot\x00" + i, for i from 0 to the limit less one. Every
+	// participant uses the same Name.
+	Name string
+
+	// Limit is how many may hold the semaphore at once. The first
+	// participant to find no record writes it (SET NX, no expiry); the
+	// record rules from then on, and a participant whose Limit differs from
+	// it cannot acquire (ErrLimitMismatch). Zero: take the record's (an
+	// acquisition fails with ErrNoLimit if there is none). At most 1000: an
+	// acquisition that finds the slots held tries each of them.
+	Limit int
+
+	// HolderID identifies this participant: it is the holder id of each slot
+	// it holds. Default: the sskv client id, "/" and 16 random hex digits.
+	// Two participants must never share one.
+	HolderID string
+
+	TTL, RenewInterval, RenewDeadline time.Duration
+	Logger                            *slog.Logger
+	OnRenewal                         func(latency time.Duration, err error)
+}
+
+// slotInfix is put between a semaphore's name and a slot number to make the
+// slot's key, as queue.go makes its extra keys.
+const slotInfix = "\x00slot\x00"
+
+// semaphoreRecordPrefix starts the value of a semaphore's record key.
+const semaphoreRecordPrefix = "dsslock-semaphore limit="
+
+// maxSemaphoreLimit bounds Limit: an acquisition that finds the slots held
+// has tried each of them (see Semaphore.Acquire).
+const maxSemaphoreLimit = 1000
+
+// SemaphoreSlot returns the key of slot i of the semaphore name.
+func SemaphoreSlot(name string, i int) string { return name + slotInfix + strconv.Itoa(i) }
+
+// SemaphoreRecord returns the value of the record of a semaphore of limit
+// n, as NewSemaphore's participants write it.
+func SemaphoreRecord(n int) []byte { return []byte(semaphoreRecordPrefix + strconv.Itoa(n)) }
+
+// parseSemaphoreRecord returns the limit a record holds.
+func parseSemaphoreRecord(v []byte) (int, bool) {
+	s, ok := strings.CutPrefix(string(v), semaphoreRecordPrefix)
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 || n > maxSemaphoreLimit || strconv.Itoa(n) != s {
+		return 0, false
+	}
+	return n, true
+}
+
+// Semaphore is one participant of a counting semaphore on the state store:
+// at most Limit participants hold it at once, each in a slot of its own,
+// and each holding is fenced, as a [Lock]'s. Create it with
+// [NewSemaphore]; acquire with [Semaphore.TryAcquire] or
+// [Semaphore.Acquire]; release with [Semaphore.Release]. It holds at most
+// one slot at a time.
+//
+// Each slot is a key held by a Lock (Config.FenceKey set), so leases,
+// renewals, the renew deadline, fencing and release are exactly a Lock's:
+// Done, Context, Err, Token, FencingToken, FencingConn and Fenced refer to
+// the current (or latest) holding of a slot, as the same methods of Lock do,
+// and a Semaphore is a fenced.ConnSource. Its methods are safe for
+// concurrent use; acquisitions and releases take turns.
+//
+// The names follow golang.org/x/sync/semaphore and Consul's api.Semaphore
+// (Acquire, TryAcquire, Release) rather than Lock's: a semaphore is not
+// "locked", and Lock/Unlock would suggest one holder.
+type Semaphore struct {
+	c    *sskv.Client
+	cfg  SemaphoreConfig
+	log  *slog.Logger
+	turn chan struct{} // holds a token while an acquisition or release runs
+	life context.Context
+	kill context.CancelCauseFunc
+
+	slots []*Lock // one per slot of the largest limit seen; guarded by the turn
+
+	mu     sync.Mutex
+	cur    *Lock // the slot of the latest holding; nil before the first
+	slot   int   // its number; -1 before the first
+	limit  int   // the record's limit, as last read (cfg.Limit before)
+	closed bool
+}
+
+// NewSemaphore returns a participant of the semaphore cfg.Name that
+// acquires it through c. It sends nothing. An invalid cfg gives an error
+// wrapping [ErrConfig].
+func NewSemaphore(c *sskv.Client, cfg SemaphoreConfig) (*Semaphore, error) {
+	if c == nil {
+		return nil, configErr("nil sskv.Client")
+	}
+	if cfg.Limit < 0 || cfg.Limit > maxSemaphoreLimit {
+		return nil, configErr("semaphore Limit %d: want 1 to %d, or 0 to take the record's", cfg.Limit, maxSemaphoreLimit)
+	}
+	// Config checks the rest, as it will for each slot.
+	lc, err := Config{
+		Name:          cfg.Name,
+		HolderID:      cfg.HolderID,
+		TTL:           cfg.TTL,
+		RenewInterval: cfg.RenewInterval,
+		RenewDeadline: cfg.RenewDeadline,
+		Logger:        cfg.Logger,
+	}.withDefaults(c.ID())
+	if err != nil {
+		return nil, err
+	}
+	cfg.HolderID, cfg.TTL, cfg.RenewInterval, cfg.RenewDeadline, cfg.Logger = lc.HolderID, lc.TTL, lc.RenewInterval, lc.RenewDeadline, lc.Logger
+	s := &Semaphore{
+		c:     c,
+		cfg:   cfg,
+		log:   cfg.Logger,
+		turn:  make(chan struct{}, 1),
+		slot:  -1,
+		limit: cfg.Limit,
+	}
+	if s.log.Handler() != slog.DiscardHandler {
+		s.log = s.log.With("semaphore", cfg.Name, "holder", cfg.HolderID)
+	}
+	s.life, s.kill = context.WithCancelCause(context.Background())
+	return s, nil
+}
+
+// Name returns the semaphore's record key.
+func (s *Semaphore) Name() string { return s.cfg.Name }
+
+// HolderID returns the id of this participant.
+func (s *Semaphore) HolderID() string { return s.cfg.HolderID }
+
+// Config returns the participant's configuration, with defaults filled in.
+func (s *Semaphore) Config() SemaphoreConfig { return s.cfg }
+
+// Limit returns the semaphore's limit as this participant last read it from
+// the record, or Config.Limit before its first acquisition.
+func (s *Semaphore) Limit() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.limit
+}
+
+// Slot returns the number of the slot of the current holding (from 0 to
+// Limit-1), or of the latest one after it ended; -1 before the first
+// acquisition. Slots identify the holdings of the moment, not participants.
+func (s *Semaphore) Slot() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.slot
+}
+
+// TryAcquire makes one attempt at each slot, from a random one, and reports
+// whether it took one. All slots held is not an error. It reads the record
+// first (and writes it if missing and Config.Limit is set): an error
+// wrapping ErrLimitMismatch or ErrNoLimit means nothing was tried. Other
+// errors are as TryLock's; the first is returned if no slot was taken.
+func (s *Semaphore) TryAcquire(ctx context.Context) (bool, error) {
+	ctx, unbind := s.bind(ctx)
+	defer unbind()
+	if err := s.begin(ctx); err != nil {
+		return false, err
+	}
+	defer s.end()
+	n, err := s.prepare(ctx)
+	if err != nil {
+		return false, err
+	}
+	start := rand.N(n)
+	ok, err := s.tryAll(ctx, n, start)
+	if ok {
+		return true, nil
+	}
+	return false, s.fail(ctx, "try acquire", err)
+}
+
+// Acquire takes a slot of the semaphore, waiting as long as ctx allows
+// while Limit others hold it. When it returns nil, this participant holds
+// one slot (Slot), with at least RenewDeadline before it could be lost.
+//
+// It reads the record (one GET; creating it with SET NX if missing and
+// Config.Limit is set), then tries the slots with TryLock from a random
+// one, which spreads participants over them: the GET, one request per held
+// slot tried, and the two requests of a FenceKey acquisition for the slot
+// taken. If every slot is held, it waits in the queue of one slot chosen
+// at random, as [Lock.Lock] waits: no request while the holders renew,
+// the slot handed over at its holder's release.
+//
+// The limitation: a waiter waits for its slot only. Another slot released
+// with nobody queued on it is free for the next participant that arrives
+// (its TryLock finds it), not for waiters queued on other slots, which go
+// on waiting for their own slots' holders, however long they hold. So the
+// order of a Lock's waiters holds within each slot, not across slots; see
+// the package documentation for what was measured.
+//
+// Errors are those of Lock.Lock, and ErrLimitMismatch or ErrNoLimit from
+// the record. ctx ending, or Close, ends the wait with nothing held.
+func (s *Semaphore) Acquire(ctx context.Context) error {
+	ctx, unbind := s.bind(ctx)
+	defer unbind()
+	if err := s.begin(ctx); err != nil {
+		return err
+	}
+	defer s.end()
+	n, err := s.prepare(ctx)
+	if err != nil {
+		return err
+	}
+	start := rand.N(n)
+	ok, err := s.tryAll(ctx, n, start)
+	switch {
+	case ok:
+		return nil
+	case err != nil && (ctx.Err() != nil || refused(err) || errors.Is(err, ErrClosed) || errors.Is(err, sskv.ErrClosed)):
+		return s.fail(ctx, "acquire", err)
+	}
+	// Every slot held (or a try failed in a way a wait retries): queue on
+	// one, at random, so that waiters spread evenly over the slots.
+	i := rand.N(n)
+	if err := s.slots[i].Lock(ctx); err != nil {
+		return s.fail(ctx, "acquire", err)
+	}
+	s.setHolding(i)
+	return nil
+}
+
+// tryAll tries slots start, start+1, ... (mod n) once each until one is
+// taken. It returns the first error if none was. The caller has the turn.
+func (s *Semaphore) tryAll(ctx context.Context, n, start int) (bool, error) {
+	var first error
+	for k := range n {
+		i := (start + k) % n
+		ok, err := s.slots[i].TryLock(ctx)
+		if ok {
+			s.setHolding(i)
+			return true, nil
+		}
+		if err != nil {
+			if first == nil {
+				first = err
+			}
+			if ctx.Err() != nil || refused(err) || errors.Is(err, ErrClosed) {
+				break
+			}
+		}
+	}
+	return false, first
+}
+
+// prepare reads (or creates) the record, checks that this participant
+// agrees with its limit, makes sure the slots' Locks exist and that none
+// is held. It returns the limit. The caller has the turn.
+func (s *Semaphore) prepare(ctx context.Context) (int, error) {
+	if cur := s.current(); cur != nil && cur.holding().live() {
+		return 0, s.wrap("", ErrAlreadyHeld)
+	}
+	n, err := s.readLimit(ctx)
+	if err != nil {
+		return 0, s.fail(ctx, "", err)
+	}
+	for i := len(s.slots); i < n; i++ {
+		l, err := New(s.c, Config{
+			Name:          SemaphoreSlot(s.cfg.Name, i),
+			HolderID:      s.cfg.HolderID,
+			TTL:           s.cfg.TTL,
+			RenewInterval: s.cfg.RenewInterval,
+			RenewDeadline: s.cfg.RenewDeadline,
+			FenceKey:      true,
+			OnRenewal:     s.cfg.OnRenewal,
+			Logger:        s.cfg.Logger,
+		})
+		if err != nil {
+			return 0, err
+		}
+		s.slots = append(s.slots, l)
+	}
+	return n, nil
+}
+
+// readLimit returns the record's limit, writing the record first if it is
+// missing and Config.Limit is set.
+func (s *Semaphore) readLimit(ctx context.Context) (int, error) {
+	for range 3 {
+		res, err := s.c.Get(ctx, s.cfg.Name)
+		if err != nil {
+			return 0, s.wrap("read the limit", err)
+		}
+		if res.Found {
+			n, ok := parseSemaphoreRecord(res.Value)
+			if !ok {
+				return 0, s.wrap("read the limit", fmt.Errorf("%w: the key %q holds %q, not a semaphore's record", ErrLimitMismatch, s.cfg.Name, res.Value))
+			}
+			s.mu.Lock()
+			s.limit = n
+			s.mu.Unlock()
+			if s.cfg.Limit != 0 && s.cfg.Limit != n {
+				return 0, s.wrap("", &limitError{want: s.cfg.Limit, record: n})
+			}
+			return n, nil
+		}
+		if s.cfg.Limit == 0 {
+			return 0, s.wrap("", ErrNoLimit)
+		}
+		if _, err := s.c.Set(ctx, s.cfg.Name, SemaphoreRecord(s.cfg.Limit), sskv.SetOptions{Condition: sskv.IfNotExists}); err != nil {
+			return 0, s.wrap("write the limit", err)
+		}
+		// Applied or not, read it back: another participant may have
+		// written another limit first.
+	}
+	return 0, s.wrap("read the limit", errors.New("the record keeps vanishing"))
+}
+
+// limitError: a participant's Limit differs from the record's.
+type limitError struct{ want, record int }
+
+func (e *limitError) Error() string {
+	return fmt.Sprintf("%v: this participant's Limit is %d, the semaphore's record says %d (delete the record while nobody holds the semaphore to change it)", ErrLimitMismatch, e.want, e.record)
+}
+
+func (e *limitError) Unwrap() error { return ErrLimitMismatch }
+
+// Release ends the holding and releases its slot, as [Lock.Unlock] does:
+// the slot is handed to its first waiter, if any. Call it only once the
+// work the semaphore guarded has returned. Releasing a slot that was lost
+// returns nil (and deletes its key if still this participant's); releasing
+// when nothing was acquired, or twice, returns an error wrapping ErrNotHeld.
+func (s *Semaphore) Release(ctx context.Context) error {
+	if err := s.begin(ctx); err != nil {
+		return err
+	}
+	defer s.end()
+	cur := s.current()
+	if cur == nil {
+		return s.wrap("release", ErrNotHeld)
+	}
+	return s.fail(ctx, "", cur.Unlock(ctx))
+}
+
+// Close releases the slot held, if any (as Release, bounded by ctx), ends
+// an acquisition in progress with an error wrapping ErrClosed, and makes
+// every later call fail with ErrClosed. It is idempotent.
+func (s *Semaphore) Close(ctx context.Context) error {
+	s.kill(ErrClosed)
+	if err := s.begin(ctx); err != nil {
+		if errors.Is(err, ErrClosed) {
+			return nil
+		}
+		return err
+	}
+	defer s.end()
+	var errs []error
+	for _, l := range s.slots {
+		errs = append(errs, l.Close(ctx))
+	}
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+// Done returns a channel that is closed when the current holding ends (the
+// slot was lost or released). Before the first acquisition it is closed.
+func (s *Semaphore) Done() <-chan struct{} { return s.Context().Done() }
+
+// Context returns a context that is cancelled when the current holding
+// ends; context.Cause of it is Err. Give it to the work the semaphore
+// guards.
+func (s *Semaphore) Context() context.Context {
+	if l := s.current(); l != nil {
+		return l.Context()
+	}
+	return notHeld.ctx
+}
+
+// Err returns nil while a slot is held, and otherwise why the current
+// holding ended, as [Lock.Err].
+func (s *Semaphore) Err() error {
+	if l := s.current(); l != nil {
+		return l.Err()
+	}
+	return notHeld.err()
+}
+
+// Token returns the fencing token of the current (or latest) holding, as
+// [Lock.Token]: zero before the first acquisition. Each slot's tokens
+// increase from one holder to the next; tokens of different slots are not
+// ordered, since the holdings of different slots are not exclusive.
+func (s *Semaphore) Token() hlc.Timestamp {
+	if l := s.current(); l != nil {
+		return l.Token()
+	}
+	return hlc.Timestamp{}
+}
+
+// FencingToken returns the token to fence a write with, or an error if no
+// slot is held now, as [Lock.FencingToken].
+func (s *Semaphore) FencingToken() (hlc.Timestamp, error) {
+	if l := s.current(); l != nil {
+		return l.FencingToken()
+	}
+	return hlc.Timestamp{}, s.wrap("", ErrNotHeld)
+}
+
+// FencingConn is FencingToken with the connection to send the fenced write
+// on, as [Lock.FencingConn].
+func (s *Semaphore) FencingConn(ctx context.Context) (hlc.Timestamp, *sskv.Conn, error) {
+	if l := s.current(); l != nil {
+		return l.FencingConn(ctx)
+	}
+	return hlc.Timestamp{}, nil, s.wrap("", ErrNotHeld)
+}
+
+// Fenced tells the participant that a write fenced with token was refused,
+// as [Lock.Fenced]: the current holding ends as lost if token is its own.
+func (s *Semaphore) Fenced(token hlc.Timestamp, err error) {
+	if l := s.current(); l != nil {
+		l.Fenced(token, err)
+	}
+}
+
+func (s *Semaphore) current() *Lock {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur
+}
+
+func (s *Semaphore) setHolding(i int) {
+	s.mu.Lock()
+	s.cur, s.slot = s.slots[i], i
+	s.mu.Unlock()
+	s.log.Info("acquired a slot", "slot", i, "token", s.slots[i].Token())
+}
+
+// bind returns ctx, also ended by Close (with cause ErrClosed).
+func (s *Semaphore) bind(ctx context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(s.life, func() { cancel(ErrClosed) })
+	return ctx, func() {
+		stop()
+		cancel(nil)
+	}
+}
+
+// closedErr is ErrClosed in place of err when Close ended ctx.
+func (s *Semaphore) closedErr(ctx context.Context, err error) error {
+	if err != nil && errors.Is(context.Cause(ctx), ErrClosed) && !errors.Is(err, ErrClosed) {
+		return fmt.Errorf("%w (%w)", ErrClosed, err)
+	}
+	return err
+}
+
+// fail returns err (nil if nil) with the semaphore's name, and ErrClosed
+// in its place if Close ended ctx.
+func (s *Semaphore) fail(ctx context.Context, op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if se := (*semError)(nil); errors.As(err, &se) {
+		return s.closedErr(ctx, err)
+	}
+	return s.wrap(op, s.closedErr(ctx, err))
+}
+
+// begin takes the participant's turn for an acquisition or release.
+func (s *Semaphore) begin(ctx context.Context) error {
+	if s.isClosed() {
+		return s.wrap("", ErrClosed)
+	}
+	select {
+	case s.turn <- struct{}{}:
+	case <-ctx.Done():
+		return s.wrap("", ctx.Err())
+	}
+	if s.isClosed() {
+		<-s.turn
+		return s.wrap("", ErrClosed)
+	}
+	return nil
+}
+
+func (s *Semaphore) end() { <-s.turn }
+
+func (s *Semaphore) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+// wrap adds the semaphore's name, and op if not empty, to err.
+func (s *Semaphore) wrap(op string, err error) error {
+	return &semError{name: s.cfg.Name, op: op, err: err}
+}
+
+type semError struct {
+	name, op string
+	err      error
+}
+
+func (e *semError) Error() string {
+	op := ""
+	if e.op != "" {
+		op = e.op + ": "
+	}
+	msg := e.err.Error()
+	// A slot's Lock names its key: say the semaphore's name once.
+	if i := strings.Index(msg, `": `); strings.HasPrefix(msg, "lock \"") && i > 0 {
+		msg = msg[i+3:]
+	}
+	return fmt.Sprintf("semaphore %q: %s%s", e.name, op, strings.TrimPrefix(msg, "lock: "))
+}
+
+func (e *semError) Unwrap() error { return e.err }
