@@ -13,6 +13,7 @@ import (
 
 	"github.com/dsslock/dsslock/fenced"
 	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/internal/storetest"
 	"github.com/dsslock/dsslock/leader"
 	"github.com/dsslock/dsslock/sskv"
 	"github.com/dsslock/dsslock/sskv/localstore"
@@ -445,4 +446,39 @@ func TestGroup(t *testing.T) {
 		t.Logf("%d ended terms refused; %d fenced writes accepted", n, r.writes.Load())
 	}
 	_ = b
+}
+
+// TestGroupStoreRestart: a store restart loses every slot and term; the
+// members' terms end, they join again after the hold-off and balance
+// again, never with two works of an election at once.
+func TestGroupStoreRestart(t *testing.T) {
+	const ttl = time.Second
+	r := newGroupRig(t, 30, 200*time.Millisecond, leader.WithTTL(ttl))
+	for _, name := range []string{"a", "b", "c"} {
+		r.start(name)
+	}
+	r.await("3 members balanced", 10*time.Second, r.balanced)
+	before := r.writes.Load()
+	start := time.Now()
+	r.srv = storetest.Restart(t, r.srv, 100*time.Millisecond)
+	// The restarted store starts its tokens afresh, with its keys.
+	r.mu.Lock()
+	clear(r.last)
+	r.ended = nil
+	r.mu.Unlock()
+	r.await("the members' terms to end", 5*time.Second, func() bool {
+		for _, m := range r.live() {
+			if len(m.g.Leading()) > 0 {
+				return false
+			}
+		}
+		return true
+	})
+	r.await("3 members balanced after the restart", 20*time.Second, func() bool {
+		return r.balanced() && r.writes.Load() > before
+	})
+	t.Logf("balanced again %v after the restart (TTL %v)", time.Since(start), ttl)
+	if len(r.live()) != 3 {
+		t.Fatalf("a member's Run returned: %s", r.counts())
+	}
 }
