@@ -10,6 +10,7 @@ import (
 
 	"github.com/dsslock/dsslock/internal/storetest"
 	"github.com/dsslock/dsslock/leader"
+	"github.com/dsslock/dsslock/lock"
 	"github.com/dsslock/dsslock/sskv"
 )
 
@@ -124,9 +125,9 @@ func BenchmarkCrashTakeover(b *testing.B) {
 }
 
 // BenchmarkGroup: E elections (1,000; DSSLOCK_GROUP_ELECTIONS changes it)
-// in a Group (TTL 2 s; DSSLOCK_GROUP_TTL), each member on its own client,
-// with the work of TestGroup (fenced writes every 2 s, one work per
-// election at a time). Three members start together; reported: the time
+// in a Group (the default TTL, 10 s; DSSLOCK_GROUP_TTL_MS changes it), each
+// member on its own client, with the work of TestGroup (a fenced write at
+// the start of each term and every TTL, one work per election at a time). Three members start together; reported: the time
 // until each leads E/3 (balance-s), the goroutines and heap added per
 // election once balanced (the work's goroutine included, and the heap of
 // the in-process store and of the clients too), the time from a member's crash (its client
@@ -137,10 +138,10 @@ func BenchmarkCrashTakeover(b *testing.B) {
 // TTLs.
 func BenchmarkGroup(b *testing.B) {
 	e := envInt(b, "DSSLOCK_GROUP_ELECTIONS", 1000)
-	ttl := time.Duration(envInt(b, "DSSLOCK_GROUP_TTL_MS", 2000)) * time.Millisecond
+	ttl := time.Duration(envInt(b, "DSSLOCK_GROUP_TTL_MS", int(lock.DefaultTTL/time.Millisecond))) * time.Millisecond
 	b.ReportAllocs()
 	for b.Loop() {
-		r := newGroupRig(b, e, 2*time.Second, leader.WithTTL(ttl))
+		r := newGroupRig(b, e, ttl, leader.WithTTL(ttl))
 		observer := dial(b, r.srv.Addr())
 		goroutines, heap := runtimeUse()
 		var c *groupMember

@@ -281,7 +281,7 @@ func (g *Group) Run(ctx context.Context, work func(ctx context.Context, t *Term)
 
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	r := &groupRun{g: g, ctx: rctx, cancel: cancel, work: work, runners: map[string]*runner{}}
+	r := &groupRun{g: g, ctx: rctx, cancel: cancel, work: work, runners: map[string]*runner{}, pace: make(chan struct{}, campaignBurst)}
 	return r.run(ctx)
 }
 
@@ -293,6 +293,7 @@ type groupRun struct {
 	work   func(context.Context, *Term) error
 
 	watchers []*sskv.Watcher // by slot; nil for a watch to make again
+	pace     chan struct{}   // campaigns under way, at most campaignBurst (see campaign)
 	slot     *lock.Lock      // this member's slot, while held
 	runners  map[string]*runner
 	wg       sync.WaitGroup
@@ -414,14 +415,24 @@ func (r *groupRun) run(parent context.Context) error {
 				}
 			}
 		case <-slotDone:
-			g.log.Warn("lost this member's slot; handing every election over and joining again", "error", r.slot.Err())
-			_ = r.slot.Close(context.Background()) // not held: sends nothing
+			// The terms do not depend on the slot: they go on while this
+			// member joins again. The assignment depends on the members'
+			// ids, not their slots, so a member that is back within the
+			// settling time keeps its elections; one that is not hands
+			// them over.
+			g.log.Warn("lost this member's slot; joining again", "error", r.slot.Err())
+			old := r.slot
+			r.wg.Go(func() { // deletes the key if it is still this member's
+				cctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), g.ttl)
+				_ = old.Close(cctx)
+				cancel()
+			})
 			r.slot, slotDone = nil, nil
 			g.mu.Lock()
 			g.self = -1
 			g.mu.Unlock()
-			r.rebalance()
 			join()
+			settleTimer()
 		case <-settleAt:
 			settleAt = nil
 			r.rebalance()
@@ -626,7 +637,7 @@ func (r *groupRun) rebalance() {
 func (r *groupRun) runElection(ctx context.Context, election string) {
 	g := r.g
 	for ctx.Err() == nil {
-		t, err := campaign(ctx, g.c, election, g.value, &g.o)
+		t, err := r.campaign(ctx, election)
 		if err != nil {
 			if ctx.Err() == nil {
 				r.finish(err)
@@ -663,6 +674,31 @@ func (r *groupRun) runElection(ctx context.Context, election string) {
 			return
 		}
 	}
+}
+
+// Campaigns a member starts at once (a rebalance may start hundreds) are
+// paced, so that their requests do not hold up the renewals of the
+// member's slot and terms on the same connection: at most campaignBurst
+// start within campaignHold of each other, unless the earlier ones have
+// returned (won, or given up) sooner.
+const (
+	campaignBurst = 64
+	campaignHold  = 50 * time.Millisecond
+)
+
+// campaign is Campaign in election, paced (see campaignBurst).
+func (r *groupRun) campaign(ctx context.Context, election string) (*Term, error) {
+	select {
+	case r.pace <- struct{}{}:
+	case <-ctx.Done():
+		return nil, &electionError{election, "campaign", ctx.Err()}
+	}
+	release := sync.OnceFunc(func() { <-r.pace })
+	timer := time.AfterFunc(campaignHold, release) // it waits for a leader to go: let others start
+	t, err := campaign(ctx, r.g.c, election, r.g.value, &r.g.o)
+	timer.Stop()
+	release()
+	return t, err
 }
 
 // shutdown leaves the group: it gives up the slot, so that the others

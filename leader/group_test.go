@@ -327,19 +327,38 @@ func (r *groupRig) ledBy(elections []string) bool {
 }
 
 // checkObserved checks that Leaders, as an observer sees it, agrees with
-// the members: each election led by the member that says it leads it.
+// the members: each election whose term lasted from before the read to
+// after it is led by the member that has the term, with its token.
 func (r *groupRig) checkObserved(c *sskv.Client) {
 	r.tb.Helper()
-	states, err := leader.Leaders(context.Background(), c, r.elections)
+	type held struct {
+		m *groupMember
+		t *leader.Term
+	}
+	before := map[string]held{}
+	for _, m := range r.live() {
+		for _, e := range m.g.Leading() {
+			if t := m.g.Term(e); t != nil {
+				before[e] = held{m, t}
+			}
+		}
+	}
+	states, err := leader.Leaders(testCtx(r.tb), c, r.elections)
 	if err != nil {
 		r.tb.Fatal(err)
 	}
-	for _, m := range r.live() {
-		for _, e := range m.g.Leading() {
-			if s := states[e]; s.ID != m.name || string(s.Value) != m.name || s.Token != m.g.Term(e).Token() {
-				r.tb.Errorf("Leaders()[%s] = %s %q %v; want %s, its term %v", e, s.ID, s.Value, s.Token, m.name, m.g.Term(e).Token())
-			}
+	checked := 0
+	for e, h := range before {
+		if h.t.Err() != nil || h.m.g.Term(e) != h.t {
+			continue // the term ended meanwhile
 		}
+		checked++
+		if s := states[e]; s.ID != h.m.name || string(s.Value) != h.m.name || s.Token != h.t.Token() {
+			r.tb.Errorf("Leaders()[%s] = %s %q %v; want %s, its term %v", e, s.ID, s.Value, s.Token, h.m.name, h.t.Token())
+		}
+	}
+	if checked < len(r.elections)/2 {
+		r.tb.Errorf("only %d of %d elections led throughout Leaders", checked, len(r.elections))
 	}
 }
 
