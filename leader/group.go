@@ -239,8 +239,11 @@ func (g *Group) Term(election string) *Term {
 // cancelled, and once the work has returned the term is resigned, so that
 // the new owner's campaign, waiting on the election's key, takes it at
 // once. If every slot is taken, Run waits for one to free up (and logs a
-// warning). If this member loses its slot (its renewals failed), it hands
-// over every election and joins again.
+// warning). If this member loses its slot (its renewals failed), it joins
+// again at once, on any free slot, and keeps its terms meanwhile: the
+// assignment depends on the members' ids, not on their slots. If it cannot
+// join again within the settling time (after a reconnect, no slot is taken
+// within a TTL), it hands every election over until it has.
 //
 // work gets a context that ends when the term ends, when the election is
 // handed over, or when ctx ends, and the term (for its token, fenced

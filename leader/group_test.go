@@ -501,3 +501,46 @@ func TestGroupStoreRestart(t *testing.T) {
 		t.Fatalf("a member's Run returned: %s", r.counts())
 	}
 }
+
+// TestGroupPausedMember: a member whose connection freezes loses its slot
+// and its terms on its own clock; the others take its elections over once
+// the keys expire; it reconnects, joins again and gets its share back. At
+// no moment do two works of an election run.
+func TestGroupPausedMember(t *testing.T) {
+	const ttl = time.Second
+	r := newGroupRig(t, 30, 200*time.Millisecond, leader.WithTTL(ttl))
+	var a *groupMember
+	for _, name := range []string{"a", "b", "c"} {
+		if m := r.start(name); a == nil {
+			a = m
+		}
+	}
+	r.await("3 members balanced", 10*time.Second, r.balanced)
+	orphans := a.g.Leading()
+	if err := r.srv.Hold(a.c.ID(), localstore.Both); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	r.await("the frozen member's elections led by the others", 3*ttl+2*time.Second, func() bool {
+		led := map[string]bool{}
+		for _, m := range r.live() {
+			if m != a {
+				for _, e := range m.g.Leading() {
+					led[e] = true
+				}
+			}
+		}
+		for _, e := range orphans {
+			if !led[e] {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("the frozen member's %d elections led by the others after %v", len(orphans), time.Since(start))
+	r.await("3 members balanced again", 20*time.Second, r.balanced)
+	t.Logf("balanced again %v after the freeze", time.Since(start))
+	if len(r.live()) != 3 {
+		t.Fatalf("a member's Run returned: %s", r.counts())
+	}
+}
