@@ -472,7 +472,7 @@ func (r *groupRun) watch(i int) error {
 	g.mu.Lock()
 	s := &g.slots[i]
 	switch {
-	case res.Found && (s.version.IsZero() || res.Version.After(s.version)):
+	case res.Found && (!s.evented || res.Version.After(s.version)):
 		s.id, s.version = lock.ParseHolder(res.Value, res.Version).ID, res.Version
 	case !res.Found && !s.evented:
 		s.id = ""
@@ -497,7 +497,11 @@ func (g *Group) slotEnded(i int) bool {
 	return g.slots[i].ended
 }
 
-// slotEvent applies a notification of slot i to the view.
+// slotEvent applies a notification of slot i to the view. The watch
+// delivers the key's changes in order, none twice, and reports what it
+// missed (a reconnect, a store restart whose versions may go back) as a
+// Resync event: only its first event is ordered against the GET that
+// follows the watch's start.
 func (g *Group) slotEvent(i int, ev sskv.Event) {
 	g.mu.Lock()
 	if g.slots == nil {
@@ -505,9 +509,9 @@ func (g *Group) slotEvent(i int, ev sskv.Event) {
 		return
 	}
 	s := &g.slots[i]
-	if !ev.Resync && !ev.Version.IsZero() && !s.version.IsZero() && !ev.Version.After(s.version) {
+	if !s.evented && !ev.Resync && !ev.Version.IsZero() && !s.version.IsZero() && !ev.Version.After(s.version) {
 		g.mu.Unlock()
-		return // older than what the view has
+		return // older than what the GET found
 	}
 	s.evented = true
 	old := s.id
@@ -516,9 +520,7 @@ func (g *Group) slotEvent(i int, ev sskv.Event) {
 	} else {
 		s.id = lock.ParseHolder(ev.Value, ev.Version).ID
 	}
-	if !ev.Version.IsZero() {
-		s.version = ev.Version
-	}
+	s.version = ev.Version
 	changed := old != s.id
 	g.mu.Unlock()
 	if changed {
