@@ -130,7 +130,9 @@ func BenchmarkCrashTakeover(b *testing.B) {
 // the start of each term and every TTL, one work per election at a time). Three members start together; reported: the time
 // until each leads E/3 (balance-s), the goroutines and heap added per
 // election once balanced (the work's goroutine included, and the heap of
-// the in-process store and of the clients too), the time from a member's crash (its client
+// the in-process store and of the clients too), the requests per second
+// and election the members send while the leadership is steady (the
+// work's writes not counted), the time from a member's crash (its client
 // closed) until all its elections are led again, less the TTL
 // (takeover-ms-over-TTL), the time until the two left lead E/2 each
 // (rebalance-s), and, after a replacement joined, the time until a fourth
@@ -150,8 +152,18 @@ func BenchmarkGroup(b *testing.B) {
 		}
 		balance := r.await("3 members balanced", 30*time.Second, r.balanced)
 		b.StopTimer()
-		time.Sleep(ttl) // a window of steady leadership: the handovers' resigns are over
+		time.Sleep(ttl) // the handovers' resigns are over
 		g2, h2 := runtimeUse()
+		// A window of steady leadership: renewals and the work's writes.
+		requests := func() (n int64) {
+			for _, m := range r.members {
+				n += r.srv.Requests(m.c.ID())
+			}
+			return n
+		}
+		n0, w0 := requests(), r.writes.Load()
+		time.Sleep(ttl)
+		steady := float64(requests()-n0-(r.writes.Load()-w0)) / ttl.Seconds() / float64(e)
 		b.StartTimer()
 		r.checkObserved(observer)
 
@@ -177,6 +189,7 @@ func BenchmarkGroup(b *testing.B) {
 		b.ReportMetric(balance.Seconds(), "balance-s")
 		b.ReportMetric(float64(g2-goroutines)/float64(e), "goroutines/election")
 		b.ReportMetric(float64(h2-heap)/float64(e), "heap-B/election")
+		b.ReportMetric(steady, "req/s/election")
 		b.ReportMetric(float64((takeover - ttl).Milliseconds()), "takeover-ms-over-TTL")
 		b.ReportMetric(rebalance.Seconds(), "rebalance-s")
 		b.ReportMetric(join4.Seconds(), "join4-s")

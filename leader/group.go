@@ -333,13 +333,16 @@ func (r *groupRun) run(parent context.Context) error {
 			}
 		}
 	}()
+	// Watch the slots all at once: a round trip each, not one after another.
+	var eg errgroup.Group
 	for i := range g.maxMembers {
-		if err := r.watch(i); err != nil {
-			if parent.Err() != nil {
-				return parent.Err()
-			}
-			return &electionError{g.name, "run", err}
+		eg.Go(func() error { return r.watch(i) })
+	}
+	if err := eg.Wait(); err != nil {
+		if parent.Err() != nil {
+			return parent.Err()
 		}
+		return &electionError{g.name, "run", err}
 	}
 
 	retry := backoff.NewExponentialBackOff()

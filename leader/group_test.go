@@ -405,7 +405,7 @@ func TestGroup(t *testing.T) {
 		e   = 100
 		ttl = 2 * time.Second
 	)
-	r := newGroupRig(t, e, 500*time.Millisecond, leader.WithTTL(ttl))
+	r := newGroupRig(t, e, time.Second, leader.WithTTL(ttl))
 	observer := dial(t, r.srv.Addr())
 	var a, b, c *groupMember
 	for i, name := range []string{"a", "b", "c"} {
@@ -422,6 +422,19 @@ func TestGroup(t *testing.T) {
 	took := r.await("3 members balanced", 10*time.Second, r.balanced)
 	t.Logf("3 members: balanced in %v (%s)", took, r.counts())
 	r.checkObserved(observer)
+	// Once balanced, a member campaigns in no election it does not lead:
+	// it watches none of their keys.
+	r.await("no member watching an election it does not lead", 5*time.Second, func() bool {
+		for _, m := range r.live() {
+			led := m.g.Leading()
+			for _, e := range r.elections {
+				if !slices.Contains(led, e) && r.srv.Watching(m.c.ID(), e) {
+					return false
+				}
+			}
+		}
+		return true
+	})
 
 	// A member crashes.
 	orphans := c.g.Leading()
@@ -472,7 +485,7 @@ func TestGroup(t *testing.T) {
 // again, never with two works of an election at once.
 func TestGroupStoreRestart(t *testing.T) {
 	const ttl = time.Second
-	r := newGroupRig(t, 30, 200*time.Millisecond, leader.WithTTL(ttl))
+	r := newGroupRig(t, 30, 300*time.Millisecond, leader.WithTTL(ttl))
 	for _, name := range []string{"a", "b", "c"} {
 		r.start(name)
 	}
@@ -508,7 +521,7 @@ func TestGroupStoreRestart(t *testing.T) {
 // no moment do two works of an election run.
 func TestGroupPausedMember(t *testing.T) {
 	const ttl = time.Second
-	r := newGroupRig(t, 30, 200*time.Millisecond, leader.WithTTL(ttl))
+	r := newGroupRig(t, 30, 300*time.Millisecond, leader.WithTTL(ttl))
 	var a *groupMember
 	for _, name := range []string{"a", "b", "c"} {
 		if m := r.start(name); a == nil {
