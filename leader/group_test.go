@@ -557,3 +557,20 @@ func TestGroupPausedMember(t *testing.T) {
 		t.Fatalf("a member's Run returned: %s", r.counts())
 	}
 }
+
+// TestGroupFull: with every slot taken, a member waits and leads nothing;
+// when a member leaves, it joins and gets its share.
+func TestGroupFull(t *testing.T) {
+	r := newGroupRig(t, 10, 300*time.Millisecond, leader.WithTTL(time.Second), leader.WithMaxMembers(2))
+	a := r.start("a")
+	r.start("b")
+	r.await("2 members balanced", 10*time.Second, r.balanced)
+	c := r.start("c")
+	r.await("c to see the members", 5*time.Second, func() bool { return len(c.g.Members()) == 2 })
+	if n := len(c.g.Leading()); n != 0 || slices.Contains(c.g.Members(), "c") {
+		t.Fatalf("c, with no slot free, leads %d and sees members %v", n, c.g.Members())
+	}
+	a.stop()
+	<-a.done
+	r.await("b and c balanced", 10*time.Second, r.balanced)
+}
