@@ -238,8 +238,10 @@ func (g *Group) Term(election string) *Term {
 // it and hands over those no longer assigned to it: their work's context is
 // cancelled, and once the work has returned the term is resigned, so that
 // the new owner's campaign, waiting on the election's key, takes it at
-// once. If every slot is taken, Run waits for one to free up (and logs a
-// warning). If this member loses its slot (its renewals failed), it joins
+// once. The campaigns a rebalance starts are paced (at most 64 start
+// within 50 ms of each other), so that they do not hold up the member's
+// renewals on the same connection. If every slot is taken, Run waits for
+// one to free up (and logs a warning). If this member loses its slot (its renewals failed), it joins
 // again at once, on any free slot, and keeps its terms meanwhile: the
 // assignment depends on the members' ids, not on their slots. If it cannot
 // join again within the settling time (after a reconnect, no slot is taken
