@@ -2,11 +2,15 @@ package leader_test
 
 import (
 	"context"
+	"os"
+	"runtime"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/dsslock/dsslock/internal/storetest"
 	"github.com/dsslock/dsslock/leader"
+	"github.com/dsslock/dsslock/lock"
 	"github.com/dsslock/dsslock/sskv"
 )
 
@@ -118,4 +122,97 @@ func BenchmarkCrashTakeover(b *testing.B) {
 			reportPercentiles(b, ds, "ms-over-TTL")
 		})
 	}
+}
+
+// BenchmarkGroup: E elections (1,000; DSSLOCK_GROUP_ELECTIONS changes it)
+// in a Group (the default TTL, 10 s; DSSLOCK_GROUP_TTL_MS changes it), each
+// member on its own client, with the work of TestGroup (a fenced write at
+// the start of each term and every TTL, one work per election at a time). Three members start together; reported: the time
+// until each leads E/3 (balance-s), the goroutines and heap added per
+// election once balanced (the work's goroutine included, and the heap of
+// the in-process store and of the clients too), the requests per second
+// and election the members send while the leadership is steady (the
+// work's writes not counted), the time from a member's crash (its client
+// closed) until all its elections are led again, less the TTL
+// (takeover-ms-over-TTL), the time until the two left lead E/2 each
+// (rebalance-s), and, after a replacement joined, the time until a fourth
+// member leads E/4 (join4-s). Run with -benchtime 1x: a round takes a few
+// TTLs.
+func BenchmarkGroup(b *testing.B) {
+	e := envInt(b, "DSSLOCK_GROUP_ELECTIONS", 1000)
+	ttl := time.Duration(envInt(b, "DSSLOCK_GROUP_TTL_MS", int(lock.DefaultTTL/time.Millisecond))) * time.Millisecond
+	b.ReportAllocs()
+	for b.Loop() {
+		r := newGroupRig(b, e, ttl, leader.WithTTL(ttl))
+		observer := dial(b, r.srv.Addr())
+		goroutines, heap := runtimeUse()
+		var c *groupMember
+		for _, name := range []string{"a", "b", "c"} {
+			c = r.start(name)
+		}
+		balance := r.await("3 members balanced", 30*time.Second, r.balanced)
+		b.StopTimer()
+		time.Sleep(ttl) // the handovers' resigns are over
+		g2, h2 := runtimeUse()
+		// A window of steady leadership: renewals and the work's writes.
+		requests := func() (n int64) {
+			for _, m := range r.members {
+				n += r.srv.Requests(m.c.ID())
+			}
+			return n
+		}
+		n0, w0 := requests(), r.writes.Load()
+		time.Sleep(ttl)
+		steady := float64(requests()-n0-(r.writes.Load()-w0)) / ttl.Seconds() / float64(e)
+		b.StartTimer()
+		r.checkObserved(observer)
+
+		orphans := c.g.Leading()
+		killed := time.Now()
+		r.kill(c)
+		r.await("the killed member's elections led again", ttl+10*time.Second, func() bool { return r.ledBy(orphans) })
+		takeover := time.Since(killed)
+		rebalance := r.await("2 members balanced", 30*time.Second, r.balanced)
+
+		r.start("c2")
+		r.await("3 members balanced again", 30*time.Second, r.balanced)
+		d := r.start("d")
+		join4 := r.await("the fourth member leading E/4", 30*time.Second, func() bool {
+			n := len(d.g.Leading())
+			return n >= e/4 && n <= (e+3)/4
+		})
+		r.await("4 members balanced", 30*time.Second, r.balanced)
+		b.StopTimer()
+		if r.checkStale(observer) == 0 {
+			b.Error("no ended term checked")
+		}
+		b.ReportMetric(balance.Seconds(), "balance-s")
+		b.ReportMetric(float64(g2-goroutines)/float64(e), "goroutines/election")
+		b.ReportMetric(float64(h2-heap)/float64(e), "heap-B/election")
+		b.ReportMetric(steady, "req/s/election")
+		b.ReportMetric(float64((takeover - ttl).Milliseconds()), "takeover-ms-over-TTL")
+		b.ReportMetric(rebalance.Seconds(), "rebalance-s")
+		b.ReportMetric(join4.Seconds(), "join4-s")
+		b.StartTimer()
+	}
+}
+
+func envInt(b *testing.B, name string, def int) int {
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n <= 0 {
+		b.Fatalf("%s=%q: want a positive integer", name, s)
+	}
+	return n
+}
+
+// runtimeUse returns the goroutines and the heap in use, after a GC.
+func runtimeUse() (int, uint64) {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return runtime.NumGoroutine(), ms.HeapInuse
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"sync"
 	"time"
 
 	"github.com/dsslock/dsslock/fenced"
@@ -122,4 +123,59 @@ func ExampleObserve() {
 	// leading: false
 	// leader: replica-1 10.0.0.5:8080 true
 	// leading: false
+}
+
+// A Group splits the leadership of four shards between the replicas that
+// run: alone, replica-1 leads all four; once replica-2 has joined, each
+// leads two, handed over shard by shard.
+func ExampleGroup_Run() {
+	srv, err := localstore.Start(localstore.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	shards := []string{"orders/shard-0", "orders/shard-1", "orders/shard-2", "orders/shard-3"}
+
+	started := make(chan string, 8)
+	work := func(ctx context.Context, t *leader.Term) error {
+		started <- t.Election()
+		<-ctx.Done() // serve the shard until it is handed over or the term ends
+		return nil
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	join := func(id string) *leader.Group {
+		c, err := sskv.Dial(ctx, sskv.Config{Addr: srv.Addr(), ClientID: id})
+		if err != nil {
+			log.Fatal(err)
+		}
+		g, err := leader.NewGroup(c, "orders/replicas", shards, []byte(id), leader.WithCandidateID(id))
+		if err != nil {
+			log.Fatal(err)
+		}
+		wg.Go(func() {
+			defer c.Close()
+			_ = g.Run(ctx, work) // until ctx ends: resigns, leaves the group
+		})
+		return g
+	}
+
+	r1 := join("replica-1")
+	for range 4 {
+		<-started
+	}
+	fmt.Println("replica-1 leads", r1.Leading())
+	r2 := join("replica-2")
+	for range 2 { // replica-2's works start once replica-1 has resigned
+		<-started
+	}
+	fmt.Println("replica-1 leads", r1.Leading())
+	fmt.Println("replica-2 leads", r2.Leading())
+	cancel()
+	// Output:
+	// replica-1 leads [orders/shard-0 orders/shard-1 orders/shard-2 orders/shard-3]
+	// replica-1 leads [orders/shard-0 orders/shard-1]
+	// replica-2 leads [orders/shard-2 orders/shard-3]
 }

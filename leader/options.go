@@ -7,8 +7,8 @@ import (
 	"github.com/dsslock/dsslock/lock"
 )
 
-// An Option configures [Campaign], [NewElector] and [Observe]. Options that
-// do not apply to a call are ignored by it.
+// An Option configures [Campaign], [NewElector], [NewGroup] and [Observe].
+// Options that do not apply to a call are ignored by it.
 type Option func(*options)
 
 type options struct {
@@ -20,6 +20,7 @@ type options struct {
 	onStopped                         func(error)
 	onNewLeader                       func(State)
 	healthTolerance                   time.Duration
+	maxMembers                        int
 }
 
 // WithTTL sets the lease of a term: a crashed leader is replaced about TTL
@@ -42,7 +43,8 @@ func WithRenewDeadline(d time.Duration) Option {
 // WithCandidateID sets the id a candidate writes in the election's key,
 // which observers see as [State.ID]. It must be unique among the
 // candidates and contain no newline. Default: the sskv client id, "/" and
-// 16 random hex digits, new for each campaign.
+// 16 random hex digits, new for each campaign. For a [Group] it is the
+// member's id, also the candidate id of each of its terms.
 func WithCandidateID(id string) Option { return func(o *options) { o.candidateID = id } }
 
 // WithLogger sets the logger of campaigns and terms (elected, lost,
@@ -73,6 +75,11 @@ func OnNewLeader(f func(State)) Option { return func(o *options) { o.onNewLeader
 func WithHealthTolerance(d time.Duration) Option {
 	return func(o *options) { o.healthTolerance = d }
 }
+
+// WithMaxMembers sets how many members a [Group] has room for: the number
+// of its member slots, which every member watches. Every member of a group
+// must use the same. Default [DefaultMaxMembers]; at most 1024.
+func WithMaxMembers(n int) Option { return func(o *options) { o.maxMembers = n } }
 
 // Metrics are hooks for metrics, to bridge to Prometheus, OpenTelemetry or
 // anything else without this package depending on them. Nil fields are
