@@ -506,9 +506,9 @@ func (q *queue) settle() {
 	case q.waiting:
 		// It keeps them: they are its queue once it takes the lock, and
 		// it hands them on if it gives up. (A join may overtake the turn
-		// it follows.) It confirms them now: a waiter left unconfirmed
-		// would take the key at the next release, as if it had joined a
-		// holder that keeps no queue.
+		// it follows.) Once the lock is released to it, it confirms
+		// them: a waiter left unconfirmed would take the key at the next
+		// release, as if it had joined a holder that keeps no queue.
 		if q.merge && !q.turn && q.acked && q.joinedTo != "" && q.joinedTo != "?" && len(q.entries) > 0 {
 			// It waits in another's queue (it lost a turn, or a turn came
 			// late): what it keeps goes there too, after the waiters
@@ -518,6 +518,12 @@ func (q *queue) settle() {
 			}
 			q.send(q.joinedTo, appendEntries([]byte{msgForward}, q.entries))
 			q.entries = nil
+			break
+		}
+		if !q.turn {
+			// Unconfirmed, they watch the key: if this Lock never gets
+			// the lock (it waits on a Lock that waits on it, say), they
+			// take it when it is free.
 			break
 		}
 		for i := range q.entries {
@@ -539,19 +545,47 @@ func (q *queue) settle() {
 // handOn gives the lock's turn to the first entry and the queue with it,
 // and forgets the queue. q.mu is held.
 func (q *queue) handOn() {
-	q.turn = false
-	if len(q.entries) == 0 {
+	reservation := q.token
+	if !q.turn {
+		reservation = hlc.Timestamp{}
+	}
+	q.turn, q.token = false, hlc.Timestamp{}
+	var id string
+	var msg []byte
+	if len(q.entries) > 0 {
+		// The turn it passes on came from relToken's release; else the
+		// key was last released by this Lock, with the queue that
+		// follows it.
+		rel := q.heldToken
+		if q.relToken.After(rel) {
+			rel = q.relToken
+		}
+		id, msg = q.entries[0].id, turnBody(hlc.Timestamp{}, rel, q.entries[1:])
+		q.forward, q.entries = id, nil
+	}
+	if reservation.IsZero() {
+		if msg != nil {
+			q.send(id, msg)
+		}
 		return
 	}
-	first := q.entries[0]
-	// The turn it passes on came from relToken's release; else the key
-	// was last released by this Lock, with the queue that follows it.
-	rel := q.heldToken
-	if q.relToken.After(rel) {
-		rel = q.relToken
-	}
-	q.send(first.id, turnBody(hlc.Timestamp{}, rel, q.entries[1:]))
-	q.forward, q.entries = first.id, nil
+	// The key is reserved for this Lock (FenceKey), which no longer
+	// waits: only this Lock could take it, so it frees it first, or the
+	// next waiter would wait for it to expire.
+	l := q.l
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.TTL)
+		defer cancel()
+		if _, err := l.c.VDel(ctx, l.cfg.Name, l.acqRecord(), sskv.DelOptions{FencingToken: reservation}); err != nil {
+			l.log.Debug("could not free the key reserved for this Lock; it expires after the TTL", "error", err)
+		}
+		if msg == nil {
+			return
+		}
+		if _, err := l.c.Set(ctx, l.inbox(id), msg, l.msgOptions()); err != nil {
+			l.log.Debug("could not tell a waiter of the queue; it checks again later", "to", id, "error", err)
+		}
+	}()
 }
 
 // onRoll handles a roll call: a waiter it does not list joins again.

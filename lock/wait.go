@@ -260,11 +260,9 @@ func (l *Lock) queueGrace() time.Duration {
 	return min(max(l.cfg.TTL/100, 10*time.Millisecond), 50*time.Millisecond, l.cfg.TTL)
 }
 
-// coverGrace is how long a waiter that may not be next lets the turn come,
-// when the key is released, before it takes the key itself: the second
-// waiter, covering for a first that may be gone, and a waiter whose join
-// was not confirmed, which may have joined a holder that keeps no queue.
-// Taking the key while the turn or a confirmation is merely slow (a loaded
+// coverGrace is how long the second waiter, covering for a first that may
+// be gone, lets the turn come when the key is released before it takes the
+// key itself. Taking the key while the turn is merely slow (a loaded
 // machine) would split the queue, so it is longer than queueGrace.
 func (l *Lock) coverGrace() time.Duration {
 	return min(max(2*l.queueGrace(), min(l.cfg.TTL/10, time.Second)), l.cfg.TTL)
@@ -500,9 +498,9 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 				// Freed, and no turn yet. A release is followed by the
 				// turn, sent to the next waiter; so unless the key expired
 				// (its holder is gone), it lets the turn come first.
-				// A join that was not confirmed within coverGrace went to
-				// a holder that keeps no queue.
-				ignored := !st.acked && time.Since(st.joinedAt) > l.coverGrace()
+				// A join that was not confirmed within a grace went to a
+				// holder that keeps no queue.
+				ignored := !st.acked && time.Since(st.joinedAt) > l.queueGrace()
 				now := st.changed && (ignored || (st.expired && (st.head == toldFirst || !st.acked)))
 				if !now && !graced {
 					if !graceSet {
@@ -514,10 +512,6 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 							// taking the key while the turn is merely slow
 							// would split the queue, so it waits longer.
 							g = l.coverGrace()
-						case !st.acked:
-							// Its confirmation may be merely slow, too: it
-							// waits until its join is coverGrace old.
-							g = max(g, l.coverGrace()-time.Since(st.joinedAt))
 						}
 						grace.Reset(g)
 					}
