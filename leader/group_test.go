@@ -440,7 +440,7 @@ func TestGroup(t *testing.T) {
 	orphans := c.g.Leading()
 	killed := time.Now()
 	r.kill(c)
-	took = r.await("the killed member's elections led again", ttl+time.Second, func() bool { return r.ledBy(orphans) })
+	r.await("the killed member's elections led again", ttl+time.Second, func() bool { return r.ledBy(orphans) })
 	t.Logf("killed %s: its %d elections led again in %v (TTL %v)", c.name, len(orphans), time.Since(killed), ttl)
 	took = r.await("2 members balanced", 10*time.Second, r.balanced)
 	t.Logf("2 members: balanced %v later (%s)", took, r.counts())
@@ -468,7 +468,7 @@ func TestGroup(t *testing.T) {
 	if a.err == nil || !errors.Is(a.err, context.Canceled) {
 		t.Errorf("Run after its ctx ended = %v; want context.Canceled", a.err)
 	}
-	took = r.await("the leaving member's elections led again", ttl, func() bool { return r.ledBy(left) })
+	r.await("the leaving member's elections led again", ttl, func() bool { return r.ledBy(left) })
 	t.Logf("a left: its %d elections led again in %v", len(left), time.Since(start))
 	r.await("3 members balanced after a leave", 10*time.Second, r.balanced)
 
