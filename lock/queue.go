@@ -417,6 +417,12 @@ func (q *queue) onInbox(ev sskv.Event) {
 func (q *queue) add(es []entry) {
 	for _, e := range es {
 		if e.id == q.l.cfg.HolderID {
+			if q.waiting && !q.holds && !q.turn {
+				// Its own place, passed around while it waits (messages
+				// crossed): it may have no other, so it joins again
+				// rather than wait for its safeguard check.
+				q.rejoin, q.acked = true, false
+			}
 			continue
 		}
 		if i := slices.IndexFunc(q.entries, func(x entry) bool { return x.id == e.id }); i >= 0 {

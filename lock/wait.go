@@ -506,8 +506,7 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 					if !graceSet {
 						graceSet = true
 						g := l.queueGrace()
-						switch {
-						case st.head == toldSecond:
+						if st.head == toldSecond {
 							// The second covers for a first that is gone:
 							// taking the key while the turn is merely slow
 							// would split the queue, so it waits longer.
