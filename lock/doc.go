@@ -251,29 +251,40 @@
 // with the new Limit. Holders of slots beyond a smaller new N would keep
 // them until they release, so change it only while nobody holds.
 //
-// Acquiring reads the record and tries one slot chosen at random
-// (TryLock). Free, an Acquire and its Release cost 4 requests (the GET,
-// the SET NEX PX and the fenced SET of FenceKey, the VDEL) and the
-// holding's watch of its key (KEYNOTIFY, and KEYNOTIFY STOP at the
-// release): BenchmarkSemaphore counts 5 reaching the store, 0.9-1.1 ms for
-// the pair on the local store. If that slot is held, the participant waits
-// in the queue of every slot at once (of 8 at most), as Lock.Lock waits in
-// one, and keeps the first slot handed to it: it sends nothing while the
-// holders renew, and costs about 10 requests per slot to enter (with
-// Limit 2, 20) and a leave per queue it did not need.
+// Acquiring reads the record and tries a slot chosen at random (TryLock),
+// which spreads participants over the slots. Free, an Acquire and its
+// Release cost 4 requests (the GET, the SET NEX PX and the fenced SET of
+// FenceKey, the VDEL) and the holding's watch of its key (KEYNOTIFY, and
+// KEYNOTIFY STOP at the release): BenchmarkSemaphore counts 5 reaching the
+// store, 1.1-2 ms for the pair on the local store. If
+// that slot is held it tries the others, then waits in the queue of one
+// slot chosen at random, as Lock.Lock does: it sends nothing while the
+// holders renew (12 requests to enter, with N = 2), and the slot is handed
+// to it at its holder's release.
 //
-// The bound: the others who came earlier are ahead of it in every queue,
-// so it is served about in the order it came, whichever slot frees first;
-// what overtakes it is mostly the crossing of joins and leaves between
-// queues, and a slot free for a moment (a queue left empty) that another
-// participant's first try takes. Measured (10 participants on their own
-// clients, N = 3, each holding 3 ms and acquiring again at once, 300
-// acquisitions, race detector, 2-core machine): the Acquire overtaken most
-// was overtaken 23-26 times in 6 runs, about 2.5 times the 9 others; with
-// one random queue per waiter (the first design) it was 39-61, and a few
-// runs stalled a TTL on a reservation left for a participant gone to
-// another slot, which a Lock that no longer waits now deletes. The test
-// checks that every participant acquires, not the bound.
+// The limitation of that design: a waiter waits for its own slot. A slot
+// released with nobody queued on it is free for the next participant that
+// comes, not for waiters queued behind other slots, which wait for their
+// slots' holders even if those hold long. Within a slot the Lock's order
+// holds (see above), but there is no bound across slots: a waiter is
+// overtaken by everyone served by the other slots meanwhile. Measured (10
+// participants on their own clients, N = 3, each holding 3 ms and
+// acquiring again at once, 300 acquisitions, race detector on a loaded
+// 2-core machine): the Acquire overtaken most was overtaken 17-75 times in
+// about 45 runs, 125 times in one, and 268 in another, where the waiters
+// of one slot waited a TTL for it; a first-come, first-served semaphore
+// would allow about 7. Every participant acquired in every run. That
+// stall came from the slots' queues: a release handed the slot, with a
+// FenceKey reservation, to a participant no longer waiting on it, which
+// passed the turn on but left the reservation for the next waiter to wait
+// out. Such a Lock now deletes the reservation (fenced, so only its own)
+// before it hands the turn on; with that, 6 runs gave 39-61. Waiting on
+// every slot's queue at once, or watching the other slots for a release
+// with nobody queued, were tried and did worse: an ended wait can leave
+// behind the reservation its slot's holder made for it at the release, and
+// a slot taken outside its queue has a holder that keeps none, so its
+// waiters race for its release instead of queueing. Where order matters
+// more than the limit, use a Lock.
 //
 // # Configuration
 //

@@ -201,16 +201,19 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (bool, error) {
 // one slot (Slot), with at least RenewDeadline before it could be lost.
 //
 // It reads the record (one GET; creating it with SET NX if missing and
-// Config.Limit is set), then tries one slot chosen at random (TryLock): a
-// free semaphore costs what a free Lock does, plus the GET. If that slot
-// is held, it waits in the queues of all the slots at once (up to
-// maxQueues, 8, from that one), as [Lock.Lock] waits in one: no request
-// while the holders renew. It keeps the first slot handed to it and leaves
-// the other queues; a second slot handed over at the same moment is
-// released again, to its next waiter. Since the others who came earlier
-// are ahead of it in every queue, it is served about in the order it came,
-// whichever slot frees first: see the package documentation for the bound
-// measured.
+// Config.Limit is set), then tries the slots with TryLock from a random
+// one, which spreads participants over them: the GET, one request per held
+// slot tried, and the two requests of a FenceKey acquisition for the slot
+// taken. If every slot is held, it waits in the queue of one slot chosen
+// at random, as [Lock.Lock] waits: no request while the holders renew,
+// the slot handed over at its holder's release.
+//
+// The limitation: a waiter waits for its slot only. Another slot released
+// with nobody queued on it is free for the next participant that arrives
+// (its TryLock finds it), not for waiters queued on other slots, which go
+// on waiting for their own slots' holders, however long they hold. So the
+// order of a Lock's waiters holds within each slot, not across slots; see
+// the package documentation for what was measured.
 //
 // Errors are those of Lock.Lock, and ErrLimitMismatch or ErrNoLimit from
 // the record. ctx ending, or Close, ends the wait with nothing held.
@@ -225,75 +228,22 @@ func (s *Semaphore) Acquire(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// One try first: a free slot costs what a free Lock does.
 	start := rand.N(n)
-	ok, err := s.tryAll(ctx, 1, start)
+	ok, err := s.tryAll(ctx, n, start)
 	switch {
 	case ok:
 		return nil
 	case err != nil && (ctx.Err() != nil || refused(err) || errors.Is(err, ErrClosed) || errors.Is(err, sskv.ErrClosed)):
 		return s.fail(ctx, "acquire", err)
 	}
-	// That slot is held: queue on every slot, and keep the first handed
-	// over.
-	i, err := s.waitAll(ctx, n, start)
-	if err != nil {
+	// Every slot held (or a try failed in a way a wait retries): queue on
+	// one, at random, so that waiters spread evenly over the slots.
+	i := rand.N(n)
+	if err := s.slots[i].Lock(ctx); err != nil {
 		return s.fail(ctx, "acquire", err)
 	}
 	s.setHolding(i)
 	return nil
-}
-
-// maxQueues is how many slots' queues an Acquire joins at most (one
-// goroutine each while it waits).
-const maxQueues = 8
-
-// waitAll waits in the queues of up to maxQueues slots from start, at
-// once, keeps the first slot handed over, and leaves the other queues (a
-// slot handed over at the same moment is released again, to its next
-// waiter). In every queue it joined, the others who came earlier are
-// ahead of it, so it is served about in the order it came, whichever slot
-// frees first. The caller has the turn.
-func (s *Semaphore) waitAll(ctx context.Context, n, start int) (int, error) {
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	type result struct {
-		i   int
-		err error
-	}
-	k := min(n, maxQueues)
-	results := make(chan result, k)
-	for j := range k {
-		i := (start + j) % n
-		go func() { results <- result{i, s.slots[i].Lock(wctx)} }()
-	}
-	won := -1
-	var first error
-	for range k {
-		r := <-results
-		switch {
-		case r.err == nil && won < 0:
-			won = r.i
-			cancel() // the other waits end
-		case r.err == nil:
-			rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.TTL)
-			if err := s.slots[r.i].Unlock(rctx); err != nil {
-				s.log.Debug("could not release a second slot handed over at once; it expires", "slot", r.i, "error", err)
-			}
-			rcancel()
-		case first == nil && wctx.Err() == nil:
-			first = r.err
-		}
-	}
-	switch {
-	case won >= 0:
-		return won, nil
-	case ctx.Err() != nil:
-		return -1, ctx.Err()
-	case first == nil:
-		first = wctx.Err()
-	}
-	return -1, first
 }
 
 // tryAll tries slots start, start+1, ... (mod n) once each until one is

@@ -228,9 +228,9 @@ func contendSemaphore(tb testing.TB, addr string, limit, n, rounds int, hold tim
 // acquires. (All 3 at once is usual but not certain: under the race
 // detector a handover takes longer than the 3 ms a holding lasts.)
 //
-// A waiter queues on every slot; the test logs the most overtakes of an
-// Acquire, and checks none (see the package documentation). Measured:
-// 23-26 in 6 runs.
+// Waiters queue on one slot each, so there is no fairness bound across
+// slots (see the package documentation): the test logs the most overtakes
+// of an Acquire, and checks none. Measured: 39-61 in 6 runs.
 func TestSemaphoreLimit(t *testing.T) {
 	srv := startStore(t)
 	const limit, n, rounds = 3, 10, 300
@@ -327,8 +327,8 @@ func TestSemaphoreLostSlotIsFenced(t *testing.T) {
 }
 
 // Waiters send nothing while the holders renew: with 2 holders and 3
-// waiters, each queued on both slots, the waiters' clients send no request
-// over 9 TTLs once they have joined.
+// waiters, each queued on a slot, the waiters' clients send no request over
+// 9 TTLs once they have joined.
 func TestSemaphoreWaitersSendNothingWhileHoldersRenew(t *testing.T) {
 	srv := startStore(t)
 	ttl := 300 * time.Millisecond
@@ -336,11 +336,7 @@ func TestSemaphoreWaitersSendNothingWhileHoldersRenew(t *testing.T) {
 	ctx := testCtx(t)
 	var holders []*lock.Semaphore
 	obs := dial(t, srv.Addr())
-	type join struct {
-		slot int
-		ev   sskv.Event
-	}
-	joins := make(chan join, 64)
+	joins := make(chan sskv.Event, 64)
 	var holderClients []*sskv.Client
 	for range 2 {
 		c := dial(t, srv.Addr())
@@ -355,10 +351,9 @@ func TestSemaphoreWaitersSendNothingWhileHoldersRenew(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		slot := h.Slot()
 		go func() {
 			for ev := range w.Events() {
-				joins <- join{slot, ev}
+				joins <- ev
 			}
 		}()
 	}
@@ -376,19 +371,15 @@ func TestSemaphoreWaitersSendNothingWhileHoldersRenew(t *testing.T) {
 			}
 		})
 	}
-	type key struct {
-		slot int
-		rec  string
-	}
-	joined := map[key]bool{}
-	for len(joined) < 2*len(clients) {
+	joined := map[string]bool{}
+	for len(joined) < len(clients) {
 		select {
-		case j := <-joins:
-			if j.ev.Op == sskv.OpSet && len(j.ev.Value) > 0 && j.ev.Value[0] == '+' {
-				joined[key{j.slot, string(j.ev.Value)}] = true
+		case ev := <-joins:
+			if ev.Op == sskv.OpSet && len(ev.Value) > 0 && ev.Value[0] == '+' {
+				joined[string(ev.Value)] = true
 			}
 		case <-time.After(waitTimeout):
-			t.Fatalf("%d of %d joins of the waiters to the slots' queues", len(joined), 2*len(clients))
+			t.Fatalf("%d of %d waiters joined a queue", len(joined), len(clients))
 		}
 	}
 	entry := make([]int64, len(clients))
