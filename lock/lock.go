@@ -247,6 +247,9 @@ func (l *Lock) Close(ctx context.Context) error {
 		l.q.leave()
 		l.q.close()
 		l.q = nil
+		if l.cfg.FenceKey {
+			l.dropReservation(ctx)
+		}
 	}
 	l.mu.Lock()
 	l.closed = true
@@ -563,6 +566,21 @@ func (l *Lock) abandonThenEnd() {
 			}
 		}
 	}()
+}
+
+// dropReservation deletes the key if it is reserved for this Lock: a turn
+// with a reservation that reached it too late to be handed on (its queue
+// has ended) would keep the key from the next waiter until it expired.
+// The caller has the turn.
+func (l *Lock) dropReservation(ctx context.Context) {
+	rec := l.acqRecord()
+	res, err := l.c.Get(ctx, l.cfg.Name)
+	if err != nil || !res.Found || !bytes.Equal(res.Value, rec) {
+		return
+	}
+	if _, err := l.c.VDel(ctx, l.cfg.Name, rec, sskv.DelOptions{FencingToken: res.Version}); err != nil {
+		l.log.Debug("could not free the key reserved for this Lock; it expires after the TTL", "error", err)
+	}
 }
 
 // release ends the holding and deletes the key if it is still this Lock's.
