@@ -42,7 +42,7 @@ func TestDemo(t *testing.T) {
 		t.Errorf("a check failed:\n%s", text)
 	}
 	// The crashed replica's shards: led again after about a TTL without a
-	// leader; shards handed to R4: within a fraction of it.
+	// leader; shards handed to R4: before the key could expire.
 	re := regexp.MustCompile(`shard \d+: (R\d) → (R\d) after (\S+) without a leader`)
 	takeovers, handovers := 0, 0
 	for _, m := range re.FindAllStringSubmatch(text, -1) {
@@ -58,8 +58,10 @@ func TestDemo(t *testing.T) {
 			}
 		case m[2] == "R4":
 			handovers++
-			if gap > ttl/2 {
-				t.Errorf("%s: a handover should take well under the TTL", m[0])
+			// Usually milliseconds; the bound says only that it did not
+			// wait for the key to expire (a loaded machine is slow).
+			if gap >= ttl {
+				t.Errorf("%s: as long as the TTL, as if waiting for the key to expire", m[0])
 			}
 		}
 	}
