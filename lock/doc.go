@@ -251,40 +251,48 @@
 // with the new Limit. Holders of slots beyond a smaller new N would keep
 // them until they release, so change it only while nobody holds.
 //
-// Acquiring reads the record and tries a slot chosen at random (TryLock),
-// which spreads participants over the slots. Free, an Acquire and its
-// Release cost 4 requests (the GET, the SET NEX PX and the fenced SET of
-// FenceKey, the VDEL) and the holding's watch of its key (KEYNOTIFY, and
-// KEYNOTIFY STOP at the release): BenchmarkSemaphore counts 5 reaching the
-// store, 1.1-2 ms for the pair on the local store. If
-// that slot is held it tries the others, then waits in the queue of one
-// slot chosen at random, as Lock.Lock does: it sends nothing while the
-// holders renew (12 requests to enter, with N = 2), and the slot is handed
-// to it at its holder's release.
+// Acquiring reads the record. A participant that has neither held nor
+// waited within a TTL then tries each slot once (TryLock, from a random
+// one), which takes a free slot at once: free, an Acquire and its Release
+// cost 4 requests (the GET, the SET NEX PX and the fenced SET of FenceKey,
+// the VDEL) and the holding's watch of its key (KEYNOTIFY, and KEYNOTIFY
+// STOP at the release): BenchmarkSemaphore counts 5 reaching the store,
+// 1.1-2 ms for the pair on the local store.
 //
-// The limitation of that design: a waiter waits for its own slot. A slot
-// released with nobody queued on it is free for the next participant that
-// comes, not for waiters queued behind other slots, which wait for their
-// slots' holders even if those hold long. Within a slot the Lock's order
-// holds (see above), but there is no bound across slots: a waiter is
-// overtaken by everyone served by the other slots meanwhile. Measured (10
-// participants on their own clients, N = 3, each holding 3 ms and
-// acquiring again at once, 300 acquisitions, race detector on a loaded
-// 2-core machine): the Acquire overtaken most was overtaken 17-75 times in
-// about 45 runs, 125 times in one, and 268 in another, where the waiters
-// of one slot waited a TTL for it; a first-come, first-served semaphore
-// would allow about 7. Every participant acquired in every run. That
-// stall came from the slots' queues: a release handed the slot, with a
-// FenceKey reservation, to a participant no longer waiting on it, which
-// passed the turn on but left the reservation for the next waiter to wait
-// out. Such a Lock now deletes the reservation (fenced, so only its own)
-// before it hands the turn on; with that, 6 runs gave 39-61. Waiting on
-// every slot's queue at once, or watching the other slots for a release
-// with nobody queued, were tried and did worse: an ended wait can leave
-// behind the reservation its slot's holder made for it at the release, and
-// a slot taken outside its queue has a holder that keeps none, so its
-// waiters race for its release instead of queueing. Where order matters
-// more than the limit, use a Lock.
+// Otherwise, or if every slot is held, it waits in the semaphore's one
+// queue, slot 0's, which is a Lock's queue (see above), so waiters are
+// served in the order they came whichever slot is released. The holder of
+// slot 0 keeps the queue; while anyone waits, it also watches the other
+// slots, and when one is released (a plain VDEL: they keep no queue) or
+// expires, it reserves it for its first waiter (SET NX of that waiter's
+// acquisition record, with the TTL), takes the waiter out of the queue and
+// tells it, and the waiter takes the slot as a Lock takes a key reserved
+// for it. Slot 0 itself goes to the first waiter at its holder's release,
+// as a Lock's key. A waiter sends nothing while the holders renew; the
+// holder of slot 0 pays for the watches (a KEYNOTIFY per other slot when
+// someone starts waiting, and a SET NX and a message per slot it passes
+// on).
+//
+// The bound is a Lock's: a waiter whose join is confirmed is overtaken by
+// each other participant at most once, or twice if the queue was lost and
+// it joined again, so at most 2N times with N other participants. Outside
+// it: a participant that comes after a TTL without holding or waiting may
+// take a slot freed in the moment between its release and the holder of
+// slot 0's reservation (one notification and one round trip); and the
+// waiters of a holder of slot 0 that keeps no queue (it took slot 0 while
+// free, without waiting) get no confirmation, so after a grace each
+// watches the other slots itself and takes one that is freed, in no
+// particular order, until a waiter takes slot 0 and starts the queue.
+// Measured (10 participants on their own clients, N = 3, each holding 3
+// ms and acquiring again at once, 300 acquisitions, race detector, on a
+// 2-core machine at load 7): the Acquire overtaken most was overtaken
+// 12-17 times in 13 runs, against 2N = 20; one waiting in one random
+// slot's queue, the design before, gave 39-61.
+//
+// A reservation for a waiter that no longer waits is deleted by that
+// waiter (the message reaches its queue, which lingers a TTL after a
+// wait); one made as it closes, after its queue ended, expires after the
+// TTL, and the slot goes to the next waiter then.
 //
 // # Configuration
 //

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dsslock/dsslock/hlc"
@@ -44,6 +45,12 @@ type Lock struct {
 	// q is the Lock's view of the lock's queue while it waits, holds or has
 	// just held the lock (see queue.go); nil otherwise. Guarded by the turn.
 	q *queue
+	// qv is q, for a Semaphore's look at where a wait stands (queuePlace)
+	// from outside the turn.
+	qv atomic.Pointer[queue]
+	// sem, set for a Semaphore's slot 0 before its first use, links its
+	// queue to the Semaphore (semqueue.go).
+	sem *semHooks
 
 	mu     sync.Mutex
 	cur    *holding // the latest holding; never nil (see notHeld)
@@ -101,6 +108,12 @@ func (l *Lock) Config() Config { return l.cfg }
 // returns by ctx's deadline), before its next acquisition or Close goes
 // ahead.
 func (l *Lock) TryLock(ctx context.Context) (bool, error) {
+	return l.tryLock(ctx, hlc.Timestamp{})
+}
+
+// tryLock is TryLock with the SET that takes the key fenced with ft
+// (unless zero): the version of a reservation for this Lock.
+func (l *Lock) tryLock(ctx context.Context, ft hlc.Timestamp) (bool, error) {
 	ctx, unbind := l.bind(ctx)
 	defer unbind()
 	if err := l.begin(ctx); err != nil {
@@ -115,7 +128,7 @@ func (l *Lock) TryLock(ctx context.Context) (bool, error) {
 		l.end()
 		return false, nil // within a TTL of a reconnect: the key may be held unseen
 	}
-	ok, err := l.attempt(ctx, cn)
+	ok, err := l.attemptFenced(ctx, cn, ft)
 	switch {
 	case errors.Is(err, errAnsweredLate):
 		l.abandonThenEnd()
@@ -247,6 +260,7 @@ func (l *Lock) Close(ctx context.Context) error {
 		l.q.leave()
 		l.q.close()
 		l.q = nil
+		l.qv.Store(nil)
 		if l.cfg.FenceKey {
 			l.dropReservation(ctx)
 		}

@@ -74,6 +74,7 @@ const (
 	msgTurn    = 'Q' // reservation ',' releaser '\n' entries: the lock is released to you; the rest of the queue
 	msgForward = 'A' // entries: queue these after the ones you have
 	msgRoll    = 'E' // entries: the queue as its holder knows it (the roll-call key)
+	msgSlot    = 'S' // slot ',' version: a Semaphore's slot is reserved for you (semwait.go)
 )
 
 // Entry states, as entries are encoded.
@@ -214,6 +215,7 @@ func (l *Lock) engage(ctx context.Context) (*queue, error) {
 		take: make(chan chan keyWatch)}
 	go q.run()
 	l.q = q
+	l.qv.Store(q)
 	return q, nil
 }
 
@@ -303,6 +305,7 @@ func (q *queue) notify() {
 	case q.sig <- struct{}{}:
 	default:
 	}
+	q.l.signalWait()
 }
 
 // send writes msg into id's inbox, in the background.
@@ -387,6 +390,8 @@ func (q *queue) onInbox(ev sskv.Event) {
 		if q.waiting && !q.holds {
 			q.head = 0
 		}
+	case msgSlot:
+		q.l.offered(body)
 	case msgTurn:
 		token, rel, es, ok := parseTurn(body)
 		if !ok {
@@ -806,6 +811,7 @@ func (q *queue) startWait() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.waiting = true
+	q.l.signalWait()
 }
 
 // joined records that this Lock's join went to id.
@@ -814,6 +820,7 @@ func (q *queue) joined(id string, acked bool) {
 	defer q.mu.Unlock()
 	q.joinedTo, q.acked, q.rejoin, q.head = id, acked, false, 0
 	q.joinedAt = time.Now()
+	q.l.signalWait()
 }
 
 // lostTurn records that the lock released to this Lock was taken by
@@ -825,6 +832,7 @@ func (q *queue) lostTurn() {
 	// queue it was handed (see settle): two queues would each wait for
 	// the other's key to be free.
 	q.turn, q.head, q.acked, q.rejoin, q.merge = false, 0, false, true, true
+	q.l.signalWait()
 }
 
 // acquired makes this Lock the queue's keeper: it holds the lock. partial

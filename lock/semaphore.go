@@ -100,6 +100,19 @@ type Semaphore struct {
 	kill context.CancelCauseFunc
 
 	slots []*Lock // one per slot of the largest limit seen; guarded by the turn
+	nonce string  // every slot's Lock's: a reservation for any slot is the same record
+	// lastActive is when it last released, or waited; guarded by the turn.
+	lastActive time.Time
+	// keeper serves the queue while this participant holds slot 0
+	// (semwait.go); guarded by the turn.
+	keeper struct {
+		stop context.CancelFunc
+		done chan struct{}
+	}
+
+	omu    sync.Mutex
+	offers chan offer // while an acquisition waits in the queue
+	rec    []byte     // the slots' acquisition record, once slot 0's Lock exists
 
 	mu     sync.Mutex
 	cur    *Lock // the slot of the latest holding; nil before the first
@@ -138,6 +151,7 @@ func NewSemaphore(c *sskv.Client, cfg SemaphoreConfig) (*Semaphore, error) {
 		turn:  make(chan struct{}, 1),
 		slot:  -1,
 		limit: cfg.Limit,
+		nonce: randomHex(8),
 	}
 	if s.log.Handler() != slog.DiscardHandler {
 		s.log = s.log.With("semaphore", cfg.Name, "holder", cfg.HolderID)
@@ -201,19 +215,16 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (bool, error) {
 // one slot (Slot), with at least RenewDeadline before it could be lost.
 //
 // It reads the record (one GET; creating it with SET NX if missing and
-// Config.Limit is set), then tries the slots with TryLock from a random
-// one, which spreads participants over them: the GET, one request per held
-// slot tried, and the two requests of a FenceKey acquisition for the slot
-// taken. If every slot is held, it waits in the queue of one slot chosen
-// at random, as [Lock.Lock] waits: no request while the holders renew,
-// the slot handed over at its holder's release.
-//
-// The limitation: a waiter waits for its slot only. Another slot released
-// with nobody queued on it is free for the next participant that arrives
-// (its TryLock finds it), not for waiters queued on other slots, which go
-// on waiting for their own slots' holders, however long they hold. So the
-// order of a Lock's waiters holds within each slot, not across slots; see
-// the package documentation for what was measured.
+// Config.Limit is set). A participant that has neither held nor waited
+// within a TTL then tries the slots with TryLock, from a random one: one
+// request per held slot tried, and the two requests of a FenceKey
+// acquisition for the slot taken. Otherwise, or if every slot is held, it
+// waits in the semaphore's queue, first come first served whichever slot
+// is released: no request while the holders renew, and a slot handed to
+// it, reserved, when its turn comes. A participant that just released
+// goes to the back of the queue rather than take the slot it freed. See
+// the package documentation for the bound on overtaking, and how it was
+// measured.
 //
 // Errors are those of Lock.Lock, and ErrLimitMismatch or ErrNoLimit from
 // the record. ctx ending, or Close, ends the wait with nothing held.
@@ -228,21 +239,24 @@ func (s *Semaphore) Acquire(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	start := rand.N(n)
-	ok, err := s.tryAll(ctx, n, start)
-	switch {
-	case ok:
-		return nil
-	case err != nil && (ctx.Err() != nil || refused(err) || errors.Is(err, ErrClosed) || errors.Is(err, sskv.ErrClosed)):
+	if s.lastActive.IsZero() || time.Since(s.lastActive) > s.cfg.TTL {
+		// Not in the queue lately: try each slot once, from a random one.
+		// A participant that held or waited within a TTL goes to the back
+		// of the queue instead, behind those that wait, rather than take
+		// a slot its release just freed.
+		ok, err := s.tryAll(ctx, n, rand.N(n))
+		switch {
+		case ok:
+			return nil
+		case err != nil && (ctx.Err() != nil || refused(err) || errors.Is(err, ErrClosed) || errors.Is(err, sskv.ErrClosed)):
+			return s.fail(ctx, "acquire", err)
+		}
+	}
+	// Every slot held (or a try failed in a way a wait retries): wait in
+	// the semaphore's queue (see semwait.go).
+	if err := s.acquireQueued(ctx, n); err != nil {
 		return s.fail(ctx, "acquire", err)
 	}
-	// Every slot held (or a try failed in a way a wait retries): queue on
-	// one, at random, so that waiters spread evenly over the slots.
-	i := rand.N(n)
-	if err := s.slots[i].Lock(ctx); err != nil {
-		return s.fail(ctx, "acquire", err)
-	}
-	s.setHolding(i)
 	return nil
 }
 
@@ -254,7 +268,7 @@ func (s *Semaphore) tryAll(ctx context.Context, n, start int) (bool, error) {
 		i := (start + k) % n
 		ok, err := s.slots[i].TryLock(ctx)
 		if ok {
-			s.setHolding(i)
+			s.setHolding(i, n)
 			return true, nil
 		}
 		if err != nil {
@@ -293,6 +307,17 @@ func (s *Semaphore) prepare(ctx context.Context) (int, error) {
 		})
 		if err != nil {
 			return 0, err
+		}
+		l.nonce = s.nonce
+		if i == 0 {
+			l.sem = &semHooks{
+				waitSig: make(chan struct{}, 1),
+				keepSig: make(chan struct{}, 1),
+				offer:   s.offered,
+			}
+			s.omu.Lock()
+			s.rec = l.acqRecord()
+			s.omu.Unlock()
 		}
 		s.slots = append(s.slots, l)
 	}
@@ -355,6 +380,8 @@ func (s *Semaphore) Release(ctx context.Context) error {
 	if cur == nil {
 		return s.wrap("release", ErrNotHeld)
 	}
+	s.stopKeeper()
+	s.lastActive = time.Now()
 	return s.fail(ctx, "", cur.Unlock(ctx))
 }
 
@@ -370,6 +397,7 @@ func (s *Semaphore) Close(ctx context.Context) error {
 		return err
 	}
 	defer s.end()
+	s.stopKeeper()
 	var errs []error
 	for _, l := range s.slots {
 		errs = append(errs, l.Close(ctx))
@@ -446,11 +474,40 @@ func (s *Semaphore) current() *Lock {
 	return s.cur
 }
 
-func (s *Semaphore) setHolding(i int) {
+// setHolding records the holding of slot i of n. The caller has the turn.
+func (s *Semaphore) setHolding(i, n int) {
 	s.mu.Lock()
 	s.cur, s.slot = s.slots[i], i
 	s.mu.Unlock()
 	s.log.Info("acquired a slot", "slot", i, "token", s.slots[i].Token())
+	s.stopKeeper()
+	if i == 0 && n > 1 {
+		kctx, stop := context.WithCancel(s.slots[0].Context())
+		done := make(chan struct{})
+		s.keeper.stop, s.keeper.done = stop, done
+		go func() {
+			defer close(done)
+			s.keep(kctx, n)
+		}()
+	}
+}
+
+// stopKeeper ends the keeper, if any, and waits for it. The caller has the
+// turn.
+func (s *Semaphore) stopKeeper() {
+	if s.keeper.stop == nil {
+		return
+	}
+	s.keeper.stop()
+	<-s.keeper.done
+	s.keeper.stop, s.keeper.done = nil, nil
+}
+
+// slots0Record returns the record of this participant's acquisitions.
+func (s *Semaphore) slots0Record() []byte {
+	s.omu.Lock()
+	defer s.omu.Unlock()
+	return s.rec
 }
 
 // bind returns ctx, also ended by Close (with cause ErrClosed).

@@ -383,6 +383,7 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 			// reconnect): set them up again, and join again.
 			if l.q == q {
 				l.q = nil
+				l.qv.Store(nil)
 			}
 			if q, err = l.engage(ctx); err != nil {
 				return unknown, err
