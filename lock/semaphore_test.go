@@ -335,7 +335,9 @@ func TestSemaphoreLostSlotIsFenced(t *testing.T) {
 // 9 TTLs once they have joined.
 func TestSemaphoreWaitersSendNothingWhileHoldersRenew(t *testing.T) {
 	srv := startStore(t)
-	ttl := 300 * time.Millisecond
+	// Long enough for the holders not to miss a renewal on a loaded
+	// machine, short enough for 9 TTLs to pass quickly.
+	ttl := 600 * time.Millisecond
 	cfg := lock.SemaphoreConfig{Name: "s", Limit: 2, TTL: ttl}
 	ctx := testCtx(t)
 	var holders []*lock.Semaphore
