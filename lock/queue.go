@@ -520,7 +520,7 @@ func (q *queue) settle() {
 		// it follows.) Once the lock is released to it, it confirms
 		// them: a waiter left unconfirmed would take the key at the next
 		// release, as if it had joined a holder that keeps no queue.
-		if q.merge && !q.turn && q.acked && q.joinedTo != "" && q.joinedTo != "?" && len(q.entries) > 0 {
+		if (q.merge || q.l.sem != nil) && !q.turn && q.acked && q.joinedTo != "" && q.joinedTo != "?" && len(q.entries) > 0 {
 			// It waits in another's queue (it lost a turn, or a turn came
 			// late): what it keeps goes there too, after the waiters
 			// there, to be told their place afresh.

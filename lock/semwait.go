@@ -133,7 +133,11 @@ func (s *Semaphore) acquireQueued(ctx context.Context, n int) error {
 			}
 			// Joined, but not confirmed: after a grace, the holder of slot
 			// 0 keeps no queue, and this waiter watches the other slots.
-			if wait := time.Until(pl.joinedAt.Add(l0.queueGrace())); wait > 0 {
+			// The grace is long enough for a confirmation delayed on a
+			// loaded machine: a waiter that takes another slot while its
+			// turn for slot 0 comes must hand that turn on, which costs
+			// more than the wait.
+			if wait := time.Until(pl.joinedAt.Add(l0.coverGrace())); wait > 0 {
 				timer.Reset(wait)
 				continue
 			}

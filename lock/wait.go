@@ -449,7 +449,7 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 				// gone. Join the new holder.
 				q.joined("", false)
 				continue
-			case st.join && st.forward != "":
+			case st.join && st.forward != "" && l.sem == nil:
 				// Locking again after handing the lock over: join the
 				// Lock it went to, which keeps the queue.
 				// Recorded before the join goes out: the holder's answer
