@@ -285,9 +285,15 @@
 // particular order, until a waiter takes slot 0 and starts the queue.
 // Measured (10 participants on their own clients, N = 3, each holding 3
 // ms and acquiring again at once, 300 acquisitions, race detector, on a
-// 2-core machine at load 7): the Acquire overtaken most was overtaken
-// 12-17 times in 13 runs, against 2N = 20; one waiting in one random
+// 2-core machine at load 6-9): the Acquire overtaken most was overtaken
+// 10-20 times in 20 runs, against 2N = 20; one waiting in one random
 // slot's queue, the design before, gave 39-61.
+//
+// Within slot 0's queue, a waiter that comes back after its release finds
+// the holder with a GET rather than join the Lock it handed slot 0 to (as
+// a Lock's waiter does), since that one may have taken another slot and
+// moved on; and a waiter given others' entries passes them to the holder
+// it joined.
 //
 // A reservation for a waiter that no longer waits is deleted by that
 // waiter (the message reaches its queue, which lingers a TTL after a
