@@ -479,9 +479,7 @@ func (l *Lock) attemptFenced(ctx context.Context, cn *sskv.Conn, ft hlc.Timestam
 	l.undo = nil
 	h := newHolding(l, token, rec, sent, cn, version)
 	if l.cfg.FenceKey && l.watch != nil {
-		if l.watch.detach() {
-			h.watch = l.watch // the guard goes on with the waiter's watch
-		}
+		h.watch = l.watch // the guard goes on with the waiter's watch
 		l.watch = nil
 	}
 	l.mu.Lock()
