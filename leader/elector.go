@@ -52,6 +52,7 @@ func NewElector(c *sskv.Client, election string, value []byte, opts ...Option) (
 	if o.logger == nil {
 		o.logger = slog.New(slog.DiscardHandler)
 	}
+	o.endTime = true // for Check
 	return &Elector{c: c, election: election, value: value, o: o, ttl: cfg.TTL, log: o.logger.With("election", election)}, nil
 }
 

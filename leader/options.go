@@ -21,6 +21,9 @@ type options struct {
 	onNewLeader                       func(State)
 	healthTolerance                   time.Duration
 	maxMembers                        int
+	// endTime: the terms record when they end, for Elector.Check. Only an
+	// Elector reads it, so a plain campaign spares its terms the cost.
+	endTime bool
 }
 
 // WithTTL sets the lease of a term: a crashed leader is replaced about TTL

@@ -42,12 +42,14 @@ func campaign(ctx context.Context, c *sskv.Client, election string, value []byte
 	}
 	t := &Term{l: l, election: election, token: l.Token(), value: bytes.Clone(value)}
 	leading := o.metrics.Leading // not o: the term keeps no copy of the options
-	context.AfterFunc(l.Context(), func() {
-		t.ended.Store(time.Now())
-		if leading != nil {
-			leading(false)
-		}
-	})
+	if o.endTime || leading != nil {
+		context.AfterFunc(l.Context(), func() {
+			t.ended.Store(time.Now())
+			if leading != nil {
+				leading(false)
+			}
+		})
+	}
 	if leading != nil {
 		leading(true)
 	}
@@ -163,7 +165,8 @@ func (t *Term) Resign(ctx context.Context) error {
 	return nil
 }
 
-// endedAt returns when the term ended; zero while it lasts.
+// endedAt returns when the term ended; zero while it lasts, and for a term
+// whose options did not ask for it (see options.endTime).
 func (t *Term) endedAt() time.Time {
 	v, _ := t.ended.Load().(time.Time)
 	return v

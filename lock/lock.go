@@ -30,13 +30,9 @@ type Lock struct {
 	cfg Config
 	log *slog.Logger
 
-	turn chan struct{} // holds a token while an acquisition or release runs
-	// life ends (with cause ErrClosed) when Close starts: it ends a wait in
-	// progress, which holds the turn Close needs.
-	life  context.Context
-	kill  context.CancelCauseFunc
-	calls callbacks // runs OnRenewal off the renewer
-	nonce string    // makes the record of an acquisition under way this Lock's own
+	turn  chan struct{} // holds a token while an acquisition or release runs
+	calls callbacks     // runs OnRenewal off the renewer
+	nonce string        // makes the record of an acquisition under way this Lock's own
 	// undo lists the deletes that give the key back after an acquisition
 	// whose outcome is unknown. Guarded by the turn.
 	undo []undoDel
@@ -52,10 +48,17 @@ type Lock struct {
 	// queue to the Semaphore (semqueue.go).
 	sem *semHooks
 
-	mu     sync.Mutex
-	cur    *holding // the latest holding; never nil (see notHeld)
-	val    []byte   // the value published (FenceKey)
-	closed bool
+	mu  sync.Mutex
+	cur *holding // the latest holding; never nil (see notHeld)
+	val []byte   // the value published (FenceKey)
+	// bound are the contexts of the TryLock and Lock calls in progress,
+	// which Close ends (with cause ErrClosed): a wait in progress holds
+	// the turn Close needs. A list rather than a context of the Lock's
+	// that theirs would hang on: that costs every waiting Lock a few
+	// hundred bytes more.
+	bound   []boundCall
+	closing bool // Close has started
+	closed  bool
 }
 
 // undoDel is a VDEL that gives the key back if it still holds rec.
@@ -83,7 +86,6 @@ func New(c *sskv.Client, cfg Config) (*Lock, error) {
 		val:   bytes.Clone(cfg.Value),
 		nonce: randomHex(8),
 	}
-	l.life, l.kill = context.WithCancelCause(context.Background())
 	l.cur = notHeld
 	return l, nil
 }
@@ -114,8 +116,8 @@ func (l *Lock) TryLock(ctx context.Context) (bool, error) {
 // tryLock is TryLock with the SET that takes the key fenced with ft
 // (unless zero): the version of a reservation for this Lock.
 func (l *Lock) tryLock(ctx context.Context, ft hlc.Timestamp) (bool, error) {
-	ctx, unbind := l.bind(ctx)
-	defer unbind()
+	ctx = l.bind(ctx)
+	defer l.unbind(ctx)
 	if err := l.begin(ctx); err != nil {
 		return false, err
 	}
@@ -176,8 +178,8 @@ func (l *Lock) tryLock(ctx context.Context, ft hlc.Timestamp) (bool, error) {
 // error: the same request would be refused again. Timeouts and lost
 // connections are retried.
 func (l *Lock) Lock(ctx context.Context) error {
-	ctx, unbind := l.bind(ctx)
-	defer unbind()
+	ctx = l.bind(ctx)
+	defer l.unbind(ctx)
 	if err := l.begin(ctx); err != nil {
 		return err
 	}
@@ -197,14 +199,50 @@ func (l *Lock) Lock(ctx context.Context) error {
 	return nil
 }
 
-// bind returns ctx, also ended by Close (with cause ErrClosed), and the
-// function that releases it.
-func (l *Lock) bind(ctx context.Context) (context.Context, func()) {
+// boundCall is a call's context that Close ends, and what ends it.
+type boundCall struct {
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+}
+
+// bind returns ctx, also ended by Close (with cause ErrClosed); unbind
+// releases it.
+func (l *Lock) bind(ctx context.Context) context.Context {
 	ctx, cancel := context.WithCancelCause(ctx)
-	stop := context.AfterFunc(l.life, func() { cancel(ErrClosed) })
-	return ctx, func() {
-		stop()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closing {
+		cancel(ErrClosed)
+	} else {
+		l.bound = append(l.bound, boundCall{ctx, cancel})
+	}
+	return ctx
+}
+
+// unbind releases a context bind returned.
+func (l *Lock) unbind(ctx context.Context) {
+	l.mu.Lock()
+	var cancel context.CancelCauseFunc
+	if i := slices.IndexFunc(l.bound, func(b boundCall) bool { return b.ctx == ctx }); i >= 0 {
+		cancel = l.bound[i].cancel
+		l.bound = slices.Delete(l.bound, i, i+1)
+	}
+	l.mu.Unlock()
+	if cancel != nil {
 		cancel(nil)
+	}
+}
+
+// endCalls ends the TryLock and Lock calls in progress, and those to come,
+// with cause ErrClosed.
+func (l *Lock) endCalls() {
+	l.mu.Lock()
+	l.closing = true
+	bound := l.bound
+	l.bound = nil
+	l.mu.Unlock()
+	for _, b := range bound {
+		b.cancel(ErrClosed)
 	}
 }
 
@@ -244,7 +282,7 @@ func (l *Lock) Unlock(ctx context.Context) error {
 // makes every later call fail with ErrClosed. A Lock or TryLock in progress
 // ends at once, with an error wrapping ErrClosed. It is idempotent.
 func (l *Lock) Close(ctx context.Context) error {
-	l.kill(ErrClosed)
+	l.endCalls()
 	if err := l.begin(ctx); err != nil {
 		if errors.Is(err, ErrClosed) {
 			return nil
@@ -379,13 +417,11 @@ func (l *Lock) Holder(ctx context.Context) (Holder, error) {
 
 // begin takes the Lock's turn for an acquisition or release.
 func (l *Lock) begin(ctx context.Context) error {
-	if l.life.Err() != nil { // closed, or closing: whatever ctx says
-		l.mu.Lock()
-		closed := l.closed
-		l.mu.Unlock()
-		if closed {
-			return l.wrap("", ErrClosed)
-		}
+	l.mu.Lock()
+	closed := l.closed
+	l.mu.Unlock()
+	if closed { // whatever ctx says
+		return l.wrap("", ErrClosed)
 	}
 	select {
 	case l.turn <- struct{}{}:
@@ -393,7 +429,7 @@ func (l *Lock) begin(ctx context.Context) error {
 		return l.wrap("", ctx.Err())
 	}
 	l.mu.Lock()
-	closed := l.closed
+	closed = l.closed
 	l.mu.Unlock()
 	if closed {
 		<-l.turn
@@ -493,9 +529,7 @@ func (l *Lock) attemptFenced(ctx context.Context, cn *sskv.Conn, ft hlc.Timestam
 	l.undo = nil
 	h := newHolding(l, token, rec, sent, cn, version)
 	if l.cfg.FenceKey && l.watch != nil {
-		if l.watch.detach() {
-			h.watch = l.watch // the guard goes on with the waiter's watch
-		}
+		h.watch = l.watch // the guard goes on with the waiter's watch
 		l.watch = nil
 	}
 	l.mu.Lock()

@@ -193,7 +193,7 @@ func (l *Lock) engage(ctx context.Context) (*queue, error) {
 		q.hold()
 		return q, nil
 	}
-	qctx, cancel := context.WithCancel(context.WithoutCancel(l.life))
+	qctx, cancel := context.WithCancel(context.Background())
 	stop := context.AfterFunc(ctx, cancel) // until set up
 	defer stop()
 	iw, err := l.c.Watch(qctx, l.inbox(l.cfg.HolderID))

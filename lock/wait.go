@@ -55,12 +55,16 @@ func addSat(a, b time.Duration) time.Duration {
 func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 	var (
 		w         *sskv.Watcher
-		wcancel   context.CancelFunc = func() {}
+		wcancel   context.CancelFunc // ends w
 		woken     bool               // the pending check was woken by a deletion
 		lost      bool               // a check woken by a deletion lost the race to another waiter
 		delayed   bool               // the delay timer wakes a deletion's check (not a retry)
 		seenHeld  bool               // an attempt or the watch found the key held
 		holdUntil time.Time          // no attempt before: the key may be held in someone's belief
+		// Made when first needed: a waiter that sleeps while the holder
+		// renews needs only its watch and the recheck timer.
+		retry, race *backoff.ExponentialBackOff
+		delay, hold *time.Timer
 	)
 	// On return the watch ends at once (the client unregisters it in the
 	// background, so Lock does not wait for that round trip), unless the
@@ -71,27 +75,19 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 			l.watch = nil
 		}
 	}()
-
-	retry := newBackoff(max(l.cfg.TTL/100, time.Millisecond), max(l.cfg.TTL/4, time.Millisecond))
-	race := newBackoff(time.Millisecond, min(l.cfg.TTL/10, 100*time.Millisecond))
-	delay := time.NewTimer(time.Hour)
-	delay.Stop()
-	defer delay.Stop()
+	defer func() {
+		stopTimer(delay)
+		stopTimer(hold)
+	}()
 	recheck := time.NewTimer(l.recheckAfter())
 	defer recheck.Stop()
-	hold := time.NewTimer(time.Hour)
-	hold.Stop()
-	defer hold.Stop()
-	holdFrom := func(from time.Time) {
-		if until := from.Add(l.cfg.TTL); until.After(holdUntil) {
-			holdUntil = until
-		}
-	}
 
-	giveUp := func(err error) (bool, error) { return unknown, err }
 	retryLater := func() {
+		if retry == nil {
+			retry = newBackoff(max(l.cfg.TTL/100, time.Millisecond), max(l.cfg.TTL/4, time.Millisecond))
+		}
 		delayed = false
-		delay.Reset(retry.NextBackOff())
+		delay = resetTimer(delay, retry.NextBackOff())
 	}
 	check := true
 	for {
@@ -99,7 +95,7 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 			check = false
 			cn, err := l.c.Connection(ctx)
 			if err != nil {
-				return giveUp(err)
+				return unknown, err
 			}
 			if until := l.holdOff(cn); until.After(holdUntil) {
 				holdUntil = until
@@ -107,7 +103,7 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 			if d := time.Until(holdUntil); d > 0 {
 				// No attempt until then; the watch is set up meanwhile.
 				l.log.Debug("the key may still be held by a holder that lost it unseen; waiting", "for", d)
-				hold.Reset(d)
+				hold = resetTimer(hold, d)
 			} else {
 				var ok bool
 				ok, err = l.attempt(ctx, cn)
@@ -121,7 +117,7 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 					// authorized) would be repeated: give up rather than
 					// retry until ctx ends.
 					if ctx.Err() != nil || errors.Is(err, ErrAlreadyHeld) || errors.Is(err, sskv.ErrClosed) || refused(err) {
-						return giveUp(err)
+						return unknown, err
 					}
 					// A timeout or a lost connection: try again soon. The
 					// same value makes a repeat of an applied SET harmless
@@ -129,7 +125,9 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 					l.log.Debug("acquisition failed; retrying", "error", err)
 					retryLater()
 				default: // held by someone else
-					retry.Reset()
+					if retry != nil {
+						retry.Reset()
+					}
 					lost = lost || woken
 					seenHeld = true
 				}
@@ -138,28 +136,14 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 			if err == nil && w == nil {
 				// Watch the key, then check again: it may have been deleted
 				// before the watch was registered.
-				// The watch ends with ctx while waiting, and may outlive it
-				// once the holding has taken it over.
-				wctx, cancelW := context.WithCancel(context.WithoutCancel(ctx))
-				stopOnCtx := context.AfterFunc(ctx, cancelW)
-				cancel := func() { stopOnCtx(); cancelW() }
-				// A lost answer to the KEYNOTIFY must not keep the waiter
-				// from checking for the client's RequestTimeout: after a
-				// TTL, give up on this watch and check again.
-				slow := time.AfterFunc(l.cfg.TTL, cancelW)
-				w, err = l.c.Watch(wctx, l.cfg.Name)
-				slow.Stop() // if it fired after Watch returned, the watch ends and is set up again
-				if err != nil {
-					cancel()
-					w = nil
+				if w, wcancel, err = l.watchKey(ctx); err != nil {
 					if ctx.Err() != nil || errors.Is(err, sskv.ErrClosed) || refused(err) {
-						return giveUp(err)
+						return unknown, err
 					}
 					l.log.Debug("watch failed; retrying", "error", err)
 					retryLater()
 				} else {
-					wcancel = cancel
-					l.watch = &waitWatch{w: w, cancel: cancelW, detach: stopOnCtx}
+					l.watch = &waitWatch{w: w, cancel: wcancel}
 					check = true
 					continue
 				}
@@ -172,18 +156,18 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 		}
 		select {
 		case <-ctx.Done():
-			return giveUp(ctx.Err())
+			return unknown, ctx.Err()
 		case ev, ok := <-events:
 			switch {
 			case !ok:
 				// The watch ended (the service refused to register it again
 				// after a reconnect): check, then watch again.
 				if ctx.Err() != nil {
-					return giveUp(ctx.Err())
+					return unknown, ctx.Err()
 				}
 				l.log.Debug("watch ended; watching again", "error", w.Err())
 				wcancel()
-				w, wcancel, l.watch = nil, func() {}, nil
+				w, wcancel, l.watch = nil, nil, nil
 				check = true
 			case ev.Op == sskv.OpDelete || ev.Resync:
 				// Released or expired (or changed while notifications were
@@ -191,11 +175,16 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 				// waiter lost the last race. A key found missing after the
 				// watch lost track of it may have vanished unseen.
 				if ev.Resync && ev.Op == sskv.OpDelete && seenHeld {
-					holdFrom(time.Now())
+					if until := time.Now().Add(l.cfg.TTL); until.After(holdUntil) {
+						holdUntil = until
+					}
 				}
 				if lost {
+					if race == nil {
+						race = newBackoff(time.Millisecond, min(l.cfg.TTL/10, 100*time.Millisecond))
+					}
 					delayed = true
-					delay.Reset(race.NextBackOff())
+					delay = resetTimer(delay, race.NextBackOff())
 				} else {
 					check, woken = true, true
 				}
@@ -203,14 +192,62 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 			if ev.Op == sskv.OpSet {
 				seenHeld = true // the holder renewing, or a new holder: keep sleeping
 			}
-		case <-delay.C:
+		case <-timerC(delay):
 			check, woken = true, delayed
 		case <-recheck.C:
 			check = true
-		case <-hold.C:
+		case <-timerC(hold):
 			check = true
 		}
 	}
+}
+
+// watchKey starts a waiter's watch of the key, and returns it with the
+// function that ends it. The watch is tied to ctx only until it is
+// registered: the wait ends it when it returns, unless a FenceKey holding
+// takes it over (see holding.guard), and then it lasts as long as the
+// holding.
+func (l *Lock) watchKey(ctx context.Context) (*sskv.Watcher, context.CancelFunc, error) {
+	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, cancel)
+	// A lost answer to the KEYNOTIFY must not keep the waiter from checking
+	// for the client's RequestTimeout: after a TTL, give up on this watch
+	// and check again.
+	slow := time.AfterFunc(l.cfg.TTL, cancel)
+	w, err := l.c.Watch(wctx, l.cfg.Name)
+	slow.Stop() // if it fired after Watch returned, the watch ends and is set up again
+	if !stop() && err == nil {
+		err = ctx.Err() // ctx ended as the watch was registered; cancel ends it
+	}
+	if err != nil {
+		cancel()
+		return nil, nil, err
+	}
+	return w, cancel, nil
+}
+
+// resetTimer resets t to fire after d, making it if it is nil.
+func resetTimer(t *time.Timer, d time.Duration) *time.Timer {
+	if t == nil {
+		return time.NewTimer(d)
+	}
+	t.Reset(d)
+	return t
+}
+
+// stopTimer stops t unless it is nil.
+func stopTimer(t *time.Timer) {
+	if t != nil {
+		t.Stop()
+	}
+}
+
+// timerC is t's channel, or nil (which never delivers) if t is nil.
+func timerC(t *time.Timer) <-chan time.Time {
+	if t == nil {
+		return nil
+	}
+	return t.C
 }
 
 // holdOff returns when an acquisition through cn may take a missing key:
@@ -239,7 +276,6 @@ func (l *Lock) holdOff(cn *sskv.Conn) time.Time {
 type waitWatch struct {
 	w      *sskv.Watcher
 	cancel context.CancelFunc // ends the watch
-	detach func() bool        // unties it from the wait's ctx; false if ctx has ended
 }
 
 func newBackoff(initial, maxD time.Duration) *backoff.ExponentialBackOff {
@@ -352,7 +388,7 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 		if l.cfg.FenceKey {
 			// The holding's guard goes on with the watch of the key.
 			if kw = q.takeKeyWatch(); kw.w != nil {
-				l.watch = &waitWatch{w: kw.w, cancel: kw.cancel, detach: func() bool { return true }}
+				l.watch = &waitWatch{w: kw.w, cancel: kw.cancel}
 			}
 		}
 		ok, err := l.attemptFenced(ctx, cn, ft)

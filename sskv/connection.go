@@ -3,7 +3,6 @@ package sskv
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	"golang.org/x/sync/semaphore"
@@ -39,8 +38,10 @@ type Conn struct {
 	outage bool
 	maxOut uint32              // the broker's Maximum Packet Size (CONNACK); 0: MQTT's limit
 	slots  *semaphore.Weighted // the broker's Receive Maximum (CONNACK): requests unacknowledged at once
-	lost   chan struct{}
-	once   sync.Once
+	// lost ends when the connection is lost: a context, so that a request
+	// waiting for a slot hangs on it without a goroutine of its own.
+	lost    context.Context
+	endLost context.CancelFunc // ends lost
 }
 
 func newConn(c *Client, gen, seq uint64, outage bool, recvMax uint16) *Conn {
@@ -50,8 +51,9 @@ func newConn(c *Client, gen, seq uint64, outage bool, recvMax uint16) *Conn {
 	// Half of it: paho gives its own slot back a moment after Publish
 	// returns, so a client that used every slot would still wait in paho's
 	// queue now and then.
+	lost, endLost := context.WithCancel(context.Background())
 	return &Conn{c: c, gen: gen, seq: seq, up: time.Now(), outage: outage,
-		slots: semaphore.NewWeighted(int64(max(recvMax/2, 1))), lost: make(chan struct{})}
+		slots: semaphore.NewWeighted(int64(max(recvMax/2, 1))), lost: lost, endLost: endLost}
 }
 
 // acquireSlot waits, as long as ctx allows and the connection lasts, until
@@ -68,22 +70,20 @@ func (cn *Conn) acquireSlot(ctx context.Context) bool {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	go func() {
-		select {
-		case <-cn.lost:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
+	// No goroutine: when a burst of requests waits for slots, a goroutine
+	// each would stay on as heap (the runtime keeps a goroutine's g).
+	stop := context.AfterFunc(cn.lost, cancel)
+	defer stop()
 	return cn.slots.Acquire(ctx, 1) == nil
 }
 
 func (cn *Conn) releaseSlot() { cn.slots.Release(1) }
 
-// markLost closes the Conn's Done channel once. It may be called on nil.
+// markLost closes the Conn's Done channel. It may be called on nil, and
+// more than once.
 func (cn *Conn) markLost() {
 	if cn != nil {
-		cn.once.Do(func() { close(cn.lost) })
+		cn.endLost()
 	}
 }
 
@@ -100,7 +100,7 @@ func (c *Client) Connection(ctx context.Context) (*Conn, error) {
 
 // Done returns a channel that is closed when the connection is lost (or the
 // client is closed). A later connection is another Conn.
-func (cn *Conn) Done() <-chan struct{} { return cn.lost }
+func (cn *Conn) Done() <-chan struct{} { return cn.lost.Done() }
 
 // Since returns when the connection was set up, on this process's monotonic
 // clock: whatever happened to the store while the client was disconnected
