@@ -271,7 +271,9 @@ func BenchmarkManyLocks(b *testing.B) {
 				b.Fatal(err)
 			}
 			holdWindow(b, before, n, window, func() { lat.take() }) // latencies of the window only
-			reportPercentiles(b, lat.take(), "renew-ms")
+			renewals := lat.take()
+			reportPercentiles(b, renewals, "renew-ms")
+			b.ReportMetric(float64(len(renewals))/window.Seconds(), "renewals/s")
 			b.StopTimer()
 			lost := 0
 			for _, l := range ls {
