@@ -282,7 +282,11 @@ func (s *Server) set(i int, user string, key, value []byte, o setOptions, hasFT 
 	if hasFT {
 		s.tab.raiseFence(i, ft)
 	}
-	if deadline != 0 {
+	if deadline != 0 && deadline < s.expiryAt {
+		// Only a deadline before the one the expiry loop sleeps until
+		// wakes it: a renewal moves a deadline later, and the loop finds
+		// the next one when it wakes.
+		s.expiryAt = deadline
 		s.kickExpiry()
 	}
 	s.notifySet(i)

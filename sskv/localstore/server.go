@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -184,7 +185,11 @@ type Server struct {
 
 	mu   sync.Mutex // guards tab, and orders notifications
 	tab  *table
-	wake chan struct{} // nudges the expiry loop when the next deadline moves
+	wake chan struct{} // nudges the expiry loop when the next deadline moves earlier
+	// expiryAt is the deadline (table time, see table.now) the expiry loop
+	// sleeps until, or a later one: a SET with an earlier deadline wakes
+	// it. math.MaxInt64: none. Guarded by mu.
+	expiryAt int64
 
 	connMu sync.Mutex
 	conns  map[string]*mqtt.Client // the current connection of each client id
@@ -257,6 +262,7 @@ func Start(cfg Config) (*Server, error) {
 		cfg:      cfg,
 		log:      log,
 		tab:      newTable(cfg.NodeID),
+		expiryAt: math.MaxInt64,
 		wake:     make(chan struct{}, 1),
 		conns:    make(map[string]*mqtt.Client),
 		latest:   make(map[string]*connRec),
@@ -673,6 +679,10 @@ func (s *Server) expiryLoop() {
 			s.notifyDelete(key)
 		}
 		next, ok := s.tab.nextExpiry()
+		s.expiryAt = math.MaxInt64
+		if ok {
+			s.expiryAt = next
+		}
 		s.mu.Unlock()
 
 		wait := time.Hour
