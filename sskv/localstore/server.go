@@ -186,9 +186,10 @@ type Server struct {
 	mu   sync.Mutex // guards tab, and orders notifications
 	tab  *table
 	wake chan struct{} // nudges the expiry loop when the next deadline moves earlier
-	// expiryAt is the deadline (table time, see table.now) the expiry loop
-	// sleeps until, or a later one: a SET with an earlier deadline wakes
-	// it. math.MaxInt64: none. Guarded by mu.
+	// expiryAt is when (table time, see table.now) the expiry loop wakes at
+	// the latest: the earliest deadline it saw, or an earlier one it was
+	// woken for since. A SET with a deadline before it wakes the loop; one
+	// after it does not. math.MaxInt64: no deadline. Guarded by mu.
 	expiryAt int64
 
 	connMu sync.Mutex
