@@ -533,3 +533,116 @@ func TestSemaphoreAcquireWaitsAndClose(t *testing.T) {
 		t.Fatalf("b: slot %d, Err %v", b.Slot(), b.Err())
 	}
 }
+
+// A slot released while others wait goes to the one that waited longest,
+// whichever slot it is, and not to one that comes later: the holder of
+// slot 0 keeps the semaphore's queue and reserves each freed slot for its
+// first waiter.
+func TestSemaphoreServesInOrder(t *testing.T) {
+	srv := startStore(t)
+	ctx := testCtx(t)
+	cfg := lock.SemaphoreConfig{Name: "s", Limit: 2, TTL: 5 * time.Second}
+	obs := dial(t, srv.Addr())
+	sem := func() *lock.Semaphore { return newSemaphore(t, dial(t, srv.Addr()), cfg) }
+	a, b, w1, w2, w3 := sem(), sem(), sem(), sem(), sem()
+	acquire := func(s *lock.Semaphore) <-chan error {
+		ch := make(chan error, 1)
+		go func() { ch <- s.Acquire(ctx) }()
+		return ch
+	}
+	got := func(ch <-chan error, who string) {
+		t.Helper()
+		select {
+		case err := <-ch:
+			if err != nil {
+				t.Fatalf("%s: Acquire: %v", who, err)
+			}
+		case <-time.After(waitTimeout):
+			t.Fatalf("%s did not acquire", who)
+		}
+	}
+	waiting := func(ch <-chan error, who string) {
+		t.Helper()
+		select {
+		case err := <-ch:
+			t.Fatalf("%s acquired out of turn (%v)", who, err)
+		default:
+		}
+	}
+	// joins returns a channel of the waiters that join h's queue.
+	joins := func(h *lock.Semaphore) <-chan string {
+		w, err := obs.Watch(ctx, lock.SemaphoreSlot("s", 0)+"\x00inbox\x00"+h.HolderID())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(w.Stop)
+		ch := make(chan string, 16)
+		go func() {
+			for ev := range w.Events() {
+				if ev.Op == sskv.OpSet && len(ev.Value) > 0 && ev.Value[0] == '+' {
+					ch <- lock.ParseHolder(ev.Value[1:], ev.Version).ID
+				}
+			}
+		}()
+		return ch
+	}
+	joined := func(ch <-chan string, s *lock.Semaphore) {
+		t.Helper()
+		for {
+			select {
+			case id := <-ch:
+				if id == s.HolderID() {
+					return
+				}
+			case <-time.After(waitTimeout):
+				t.Fatalf("%s did not join the queue", s.HolderID())
+			}
+		}
+	}
+
+	// a and b hold both slots; w1 waits, and takes the slot a releases.
+	got(acquire(a), "a")
+	got(acquire(b), "b")
+	first, second := a, b
+	if a.Slot() != 0 {
+		first, second = b, a
+	}
+	q := joins(first)
+	c1 := acquire(w1)
+	joined(q, w1)
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got(c1, "w1")
+	if w1.Slot() != 0 {
+		t.Fatalf("w1 took slot %d; want slot 0, released", w1.Slot())
+	}
+	// w1 holds slot 0 and keeps the queue: w2, then w3, wait in it.
+	q = joins(w1)
+	c2 := acquire(w2)
+	joined(q, w2)
+	c3 := acquire(w3)
+	joined(q, w3)
+	// The other slot, released, goes to w2, the first waiter.
+	if err := second.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got(c2, "w2")
+	waiting(c3, "w3")
+	if w2.Slot() != 1 {
+		t.Fatalf("w2 took slot %d; want slot 1, released", w2.Slot())
+	}
+	// The releaser, acquiring again at once, goes behind w3: slot 0,
+	// released next, is w3's.
+	cb := acquire(second)
+	joined(q, second)
+	if err := w1.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got(c3, "w3")
+	waiting(cb, second.HolderID())
+	if err := w2.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got(cb, second.HolderID())
+}
