@@ -262,7 +262,10 @@ func TestWaitersSendNothingWhileHolderRenews(t *testing.T) {
 	joined := map[string]bool{}
 	for len(joined) < len(clients) {
 		select {
-		case ev := <-joins.Events():
+		case ev, ok := <-joins.Events():
+			if !ok {
+				t.Fatalf("%d of %d waiters joined the queue; the observer's watch ended: %v", len(joined), len(clients), joins.Err())
+			}
 			if ev.Op == sskv.OpSet && len(ev.Value) > 0 && ev.Value[0] == '+' {
 				joined[string(ev.Value)] = true
 			}
