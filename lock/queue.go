@@ -184,6 +184,9 @@ type queue struct {
 	lastSet time.Time // when the key was last seen written (or first watched)
 	known   bool      // the watch has told the key's state, or an attempt found it held
 	expired bool      // the key was deleted long after its last write: it expired
+	keySeq  uint64    // counts what the watches of the key told
+	// lookedSeq is keySeq as of the waiter's last look (state).
+	lookedSeq uint64
 }
 
 // engage returns the Lock's queue, setting up its watches if needed. The
@@ -632,6 +635,7 @@ func (q *queue) onLock(lw *sskv.Watcher, ev sskv.Event, ok bool) {
 		return
 	}
 	q.changed, q.known = true, true
+	q.keySeq++
 	if ev.Op == sskv.OpDelete {
 		if ev.Resync && q.held {
 			// The key may have vanished unseen (a store restart) while
@@ -698,6 +702,7 @@ func (q *queue) state() queueState {
 		stray:    q.lw != nil && !q.acked && q.joinedTo != "" && q.value != nil && ParseHolder(q.value, q.version).ID != q.joinedTo,
 		unseen:   q.unseen,
 	}
+	q.lookedSeq = q.keySeq
 	if s.reserved {
 		s.token = q.version
 	}
@@ -736,6 +741,7 @@ func (q *queue) watchKey(ctx context.Context) error {
 		return nil
 	}
 	q.lw, q.lcancel, q.changed = w, cancel, true
+	q.keySeq++
 	q.free, q.value, q.lastSet, q.known = false, nil, time.Now(), false
 	q.mu.Unlock()
 	q.poke()
@@ -797,11 +803,14 @@ func (q *queue) giveKeyWatch(kw keyWatch) {
 	q.poke()
 }
 
-// sawHeld records that an attempt found the key held.
+// sawHeld records that an attempt found the key held, unless the watch
+// told of a change since the waiter's last look at the state (which the
+// attempt was decided by): a delete that came while the attempt was under
+// way may be newer than what it found, and it would wait for it forever.
 func (q *queue) sawHeld() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.lw != nil {
+	if q.lw != nil && q.keySeq == q.lookedSeq {
 		q.known, q.free, q.held = true, false, true
 	}
 }
