@@ -755,15 +755,16 @@ func (q *queue) poke() {
 	}
 }
 
-// unwatchKey stops watching the lock's key.
+// unwatchKey stops watching the lock's key. It does not wait for the
+// store's answer to the KEYNOTIFY STOP: ending the watch's context ends it
+// in the background (a new watch of the key waits for it), so that a Lock
+// that has just acquired returns without that round trip.
 func (q *queue) unwatchKey() {
 	q.mu.Lock()
 	w, cancel := q.lw, q.lcancel
 	q.lw, q.lcancel = nil, nil
 	q.mu.Unlock()
 	if w != nil {
-		// Not under q.mu: Stop may wait for the store's answer.
-		w.Stop()
 		cancel()
 		q.poke()
 	}
