@@ -71,10 +71,8 @@ func (s *Semaphore) acquireQueued(ctx context.Context, n int) error {
 			}
 		}
 	}()
-	cv := &cover{s: s, n: n, sig: make(chan struct{}, 1)}
+	cv, timer := s.newCover(n), stoppedTimer()
 	defer cv.stop()
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
 	defer timer.Stop()
 	for {
 		wctx, cancel := context.WithCancel(ctx)
@@ -199,10 +197,8 @@ func (s *Semaphore) decline(o offer) {
 // It returns when ctx ends.
 func (s *Semaphore) keep(ctx context.Context, n int) {
 	l0 := s.slots[0]
-	cv := &cover{s: s, n: n, sig: make(chan struct{}, 1)}
+	cv, timer := s.newCover(n), stoppedTimer()
 	defer cv.stop()
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
 	defer timer.Stop()
 	for {
 		if _, ok := l0.firstWaiter(); !ok {
@@ -241,6 +237,17 @@ type cover struct {
 	pending   []bool      // the slot was freed (or never looked at): try it
 	notBefore []time.Time // no attempt before: its key may be held in someone's belief
 	seenHeld  []bool
+}
+
+func (s *Semaphore) newCover(n int) *cover {
+	return &cover{s: s, n: n, sig: make(chan struct{}, 1)}
+}
+
+// stoppedTimer returns a timer that has not been started.
+func stoppedTimer() *time.Timer {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
 }
 
 func (cv *cover) signal() {
