@@ -646,3 +646,70 @@ func TestSemaphoreServesInOrder(t *testing.T) {
 	}
 	got(cb, second.HolderID())
 }
+
+// After a store restart, waiters do not take a slot until the holders'
+// renew deadlines have surely passed: here the holders cannot reach the
+// restarted store, and believe they hold their slots until then. The slots
+// all vanished with the restart; the waiters take them a TTL later, and
+// never more than Limit believe they hold.
+func TestSemaphoreHoldsOffAfterStoreRestart(t *testing.T) {
+	srv := startStore(t)
+	proxy := startProxy(t, srv.Addr())
+	ttl := 2 * time.Second
+	cfg := lock.SemaphoreConfig{Name: "s", Limit: 2, TTL: ttl}
+	ctx := testCtx(t)
+	a := newSemaphore(t, dial(t, proxy.Addr()), cfg)
+	b := newSemaphore(t, dial(t, proxy.Addr()), cfg)
+	for _, h := range []*lock.Semaphore{a, b} {
+		if err := h.Acquire(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type result struct {
+		s   *lock.Semaphore
+		err error
+		at  time.Time
+	}
+	got := make(chan result, 2)
+	var ws []*lock.Semaphore
+	for range 2 {
+		c := dial(t, srv.Addr())
+		w := newSemaphore(t, c, cfg)
+		ws = append(ws, w)
+		go func() {
+			err := w.Acquire(ctx)
+			got <- result{w, err, time.Now()}
+		}()
+		waitFor(t, "a waiter to watch slot 0", func() bool { return srv.Watching(c.ID(), lock.SemaphoreSlot("s", 0)) })
+	}
+	proxy.Partition() // the holders stay away from the restarted store
+	down := time.Now()
+	restartStore(t, srv, 100*time.Millisecond)
+	for range ws {
+		r := <-got
+		if r.err != nil {
+			t.Fatalf("a waiter's Acquire: %v", r.err)
+		}
+		took := r.at.Sub(down)
+		for _, h := range []*lock.Semaphore{a, b} {
+			select {
+			case <-h.Done():
+			default:
+				t.Fatalf("a waiter took slot %d %v after the restart while a holder still held its slot (Err = %v)", r.s.Slot(), took, h.Err())
+			}
+		}
+		if took < ttl {
+			t.Errorf("a waiter took slot %d %v after the restart, less than a TTL (%v)", r.s.Slot(), took, ttl)
+		}
+		t.Logf("slot %d taken %v after the store went down (TTL %v)", r.s.Slot(), took.Round(time.Millisecond), ttl)
+	}
+	if ws[0].Slot() == ws[1].Slot() {
+		t.Fatalf("both waiters hold slot %d", ws[0].Slot())
+	}
+	proxy.Heal()
+	for _, s := range append(ws, a, b) {
+		if err := s.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
