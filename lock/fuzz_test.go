@@ -1,0 +1,54 @@
+package lock
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/dsslock/dsslock/hlc"
+)
+
+// The queue's messages, its roll call and the records in lock keys come
+// from the store, where any client may have written them: their parsers
+// must take any bytes without panicking, and read back what the encoders
+// write.
+
+// FuzzQueueMessages feeds arbitrary bytes to every parser of what Locks
+// and Semaphores read from the store.
+func FuzzQueueMessages(f *testing.F) {
+	ts := hlc.Timestamp{Wall: 1795695934356, Counter: 1, Node: "statestore"}
+	es := []entry{{rec: []byte("a\n~0123456789abcdef\n"), told: toldFirst}, {rec: []byte("b"), told: toldAck}}
+	f.Add(turnBody(ts, ts, es)[1:])
+	f.Add(appendEntries(nil, es))
+	f.Add(offerBody(2, ts)[1:])
+	f.Add(SemaphoreRecord(3))
+	f.Add([]byte("holder\n001795695934356:00001:statestore\nvalue"))
+	f.Add([]byte(",\n"))
+	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0x0f})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if got, ok := parseEntries(b); ok {
+			if again, ok := parseEntries(appendEntries(nil, got)); !ok || len(again) != len(got) {
+				t.Fatalf("entries %q do not read back", b)
+			}
+		}
+		if token, rel, got, ok := parseTurn(b); ok {
+			t2, r2, again, ok := parseTurn(turnBody(token, rel, got)[1:])
+			if !ok || t2 != token || r2 != rel || len(again) != len(got) {
+				t.Fatalf("turn %q does not read back", b)
+			}
+		}
+		if slot, v, ok := parseOffer(b); ok {
+			if s2, v2, ok := parseOffer(offerBody(slot, v)[1:]); !ok || s2 != slot || v2 != v {
+				t.Fatalf("offer %q does not read back", b)
+			}
+			if slot < 1 || slot >= maxSemaphoreLimit {
+				t.Fatalf("offer %q gives slot %d", b, slot)
+			}
+		}
+		if n, ok := parseSemaphoreRecord(b); ok {
+			if n < 1 || n > maxSemaphoreLimit || !bytes.Equal(SemaphoreRecord(n), b) {
+				t.Fatalf("record %q gives limit %d", b, n)
+			}
+		}
+		_ = ParseHolder(b, ts)
+	})
+}
