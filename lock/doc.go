@@ -303,6 +303,13 @@
 // wait); one made as it closes, after its queue ended, expires after the
 // TTL, and the slot goes to the next waiter then.
 //
+// The cost of one queue: the other slots pass to waiters through the
+// holder of slot 0. While that holder is paused (a stop-the-world pause, a
+// frozen VM), a slot released meanwhile stays free until the holder wakes
+// or its lease ends (a TTL at most), when the first waiter takes slot 0
+// and the other slots with it. Safety does not depend on it: each slot is
+// a fenced Lock.
+//
 // # Configuration
 //
 // TTL, RenewInterval and RenewDeadline must satisfy 0 < RenewInterval <
