@@ -11,6 +11,7 @@ import (
 	"github.com/dsslock/dsslock/internal/storetest"
 	"github.com/dsslock/dsslock/lock"
 	"github.com/dsslock/dsslock/sskv"
+	"github.com/dsslock/dsslock/sskv/localstore"
 )
 
 var reportPercentiles = storetest.ReportPercentiles
@@ -198,8 +199,13 @@ func BenchmarkWaiters(b *testing.B) {
 // and the fenced VDEL of the release. Reports the requests per round trip.
 func BenchmarkSemaphore(b *testing.B) {
 	srv := startStore(b)
-	c := dial(b, srv.Addr())
-	s, err := lock.NewSemaphore(c, lock.SemaphoreConfig{Name: "s", Limit: 3})
+	acquireRelease(b, srv, dial(b, srv.Addr()), lock.SemaphoreConfig{Name: "s", Limit: 3})
+}
+
+// acquireRelease measures Acquire and Release by a participant of cfg on
+// c, in a loop, and reports the requests c sends per round trip.
+func acquireRelease(b *testing.B, srv *localstore.Server, c *sskv.Client, cfg lock.SemaphoreConfig) {
+	s, err := lock.NewSemaphore(c, cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -244,21 +250,5 @@ func BenchmarkSemaphoreBesideHolder(b *testing.B) {
 			b.Fatal(ok, err)
 		}
 	}
-	c := dial(b, srv.Addr())
-	s, err := lock.NewSemaphore(c, cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = s.Close(testCtx(b)) })
-	before := srv.Requests(c.ID())
-	b.ReportAllocs()
-	for b.Loop() {
-		if err := s.Acquire(ctx); err != nil {
-			b.Fatal(err)
-		}
-		if err := s.Release(ctx); err != nil {
-			b.Fatal(err)
-		}
-	}
-	b.ReportMetric(float64(srv.Requests(c.ID())-before)/float64(b.N), "requests/op")
+	acquireRelease(b, srv, dial(b, srv.Addr()), cfg)
 }
