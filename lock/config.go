@@ -39,7 +39,8 @@ type Config struct {
 	TTL time.Duration
 
 	// RenewInterval is how long after each successful renewal the next
-	// renewal is sent, less up to a tenth at random; the first one falls
+	// renewal is sent, plus up to a tenth at random (less where
+	// RenewDeadline is close behind); the first one falls
 	// at random in its second half, so that locks taken together do not
 	// renew together; renewals due within a hundredth of it (at most
 	// 20 ms) go out together. A failed renewal is retried sooner, with a

@@ -30,7 +30,8 @@
 // deadline is due: a held lock costs no goroutine and no timer of its own,
 // and a renewal in flight holds up no other. The first renewal of a holding
 // falls at random in the second half of RenewInterval, and later ones up to
-// a tenth of it early, so that locks taken together do not renew together.
+// a tenth of it late, so that locks taken together do not renew together
+// while a holding still renews no more often than RenewInterval asks.
 // Renewals due within a hundredth of RenewInterval (at most 20 ms) of one
 // that is due go out with it, as one burst: that costs the client and the
 // store less than the same requests one at a time.

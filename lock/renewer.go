@@ -237,9 +237,13 @@ func (r *renewer) work(h *holding, confirmOnly bool) {
 		switch {
 		case err == nil:
 			h.retry = nil
-			// Up to a tenth of the interval early, at random, so that
-			// renewals bunched together (by an outage, say) spread out.
-			next = sent.Add(iv - rand.N(iv/10+1))
+			// Up to a tenth of the interval late, at random, so that
+			// renewals bunched together (by an outage, say) spread out
+			// without a holding renewing more often than its interval
+			// asks (the store's load is the number of renewals). The
+			// jitter leaves most of the time to the renew deadline to
+			// retries.
+			next = sent.Add(iv + rand.N(renewJitter(iv, l.cfg.RenewDeadline)+1))
 		case errors.Is(err, errEnded):
 			ended = true
 		case errors.Is(err, sskv.ErrNotSent), errors.Is(err, sskv.ErrConnectionLost):
@@ -327,4 +331,11 @@ func later(a, b time.Time) time.Time {
 		return b
 	}
 	return a
+}
+
+// renewJitter is the most a renewal is sent after its interval: a tenth of
+// the interval, but at most a quarter of what the renew deadline leaves
+// after it, so that a failed renewal still has time to be retried.
+func renewJitter(interval, deadline time.Duration) time.Duration {
+	return max(0, min(interval/10, (deadline-interval)/4))
 }
