@@ -107,9 +107,14 @@ func (s *frameScanner) atBoundary() bool { return !s.inHeader && s.remaining == 
 //   - Read checks each packet's declared size against the limit before
 //     paho sees the header (paho allocates a packet's declared size before
 //     reading it), and checks that the server answers CONNECT in MQTT.
-//   - Writes are packet-atomic (it is the sync.Locker paho's WriteTo takes)
-//     and each packet goes to the socket in one write with a deadline, so no
-//     write blocks for longer than writeTimeout.
+//   - Writes are packet-atomic (it is the sync.Locker paho's WriteTo takes),
+//     and each write to the socket has a deadline, so no write blocks for
+//     longer than writeTimeout.
+//   - Packets completed while a write to the socket is in progress go out
+//     together in the next one (a group commit): a burst of requests and
+//     acknowledgements costs the client and the broker a few system calls,
+//     not one each. Each writer still returns only once its own packet is
+//     on the socket (or the connection has failed).
 //
 // Any failure closes the connection; the error is then sticky.
 type mqttConn struct {
@@ -117,18 +122,33 @@ type mqttConn struct {
 	raw          net.Conn // the TCP connection under Conn (Conn itself without TLS)
 	writeTimeout time.Duration
 
-	// Read side: only paho's reading goroutine reads.
-	rs      frameScanner
-	rerr    error
-	sawAck  bool        // connack is set
-	connack atomic.Bool // the first packet, a CONNACK, was read whole
+	// Read side: only paho's reading goroutine reads. paho reads a packet
+	// in three reads or more (type, length, body), so the socket is read
+	// ahead into rbuf: a burst of answers costs a few system calls.
+	rs         frameScanner
+	rerr       error
+	rbuf       []byte // read ahead: rbuf[rpos:rend] is not yet handed to paho
+	rpos, rend int
+	rbufErr    error       // the error that came with the bytes read ahead
+	sawAck     bool        // connack is set
+	connack    atomic.Bool // the first packet, a CONNACK, was read whole
 
-	// Write side, guarded by wmu, which paho holds across each packet.
-	wmu        sync.Mutex
-	flushStart atomic.Int64 // UnixNano when the write in progress began; 0 when none
-	ws         frameScanner
-	wbuf       []byte
+	// Packet side, guarded by wmu, which paho holds across each packet.
+	wmu     sync.Mutex
+	ws      frameScanner
+	wbuf    []byte // the packet being written
+	waitSeq uint64 // the queued packet that Unlock waits for, if not 0
+
+	// Socket side, guarded by gmu.
+	gmu        sync.Mutex
+	written    sync.Cond // L is &gmu; signalled when a write to the socket ends
+	queued     []byte    // whole packets waiting for the next write
+	spare      []byte    // the buffer of the last write, reused for queued
+	queuedSeq  uint64    // packets queued so far
+	writtenSeq uint64    // packets whose write has ended so far
+	writing    bool      // a write to the socket is in progress
 	werr       error
+	flushStart atomic.Int64 // UnixNano when the write in progress began; 0 when none
 
 	closeOnce sync.Once
 	closed    chan struct{}
@@ -138,7 +158,9 @@ type mqttConn struct {
 const maxKeptWriteBuffer = 64 << 10
 
 func newMQTTConn(nc, raw net.Conn, maxPacket uint32, writeTimeout time.Duration) *mqttConn {
-	return &mqttConn{Conn: nc, raw: raw, rs: frameScanner{maxSize: maxPacket}, writeTimeout: writeTimeout, closed: make(chan struct{})}
+	c := &mqttConn{Conn: nc, raw: raw, rs: frameScanner{maxSize: maxPacket}, writeTimeout: writeTimeout, closed: make(chan struct{})}
+	c.written.L = &c.gmu
+	return c
 }
 
 // Read reads from the connection, failing (and closing it) at a packet
@@ -147,7 +169,7 @@ func (c *mqttConn) Read(p []byte) (int, error) {
 	if c.rerr != nil {
 		return 0, c.rerr
 	}
-	n, err := c.Conn.Read(p)
+	n, err := c.readAhead(p)
 	if n > 0 {
 		if serr := c.rs.scan(p[:n], firstFromServer); serr != nil {
 			c.rerr = serr
@@ -160,6 +182,35 @@ func (c *mqttConn) Read(p []byte) (int, error) {
 		}
 	}
 	return n, err
+}
+
+// readBufferSize is how much the connection reads ahead of paho at most.
+const readBufferSize = 4 << 10
+
+// readAhead reads into p what was read ahead, or else reads the socket,
+// ahead of p when p is small.
+func (c *mqttConn) readAhead(p []byte) (int, error) {
+	if c.rpos == c.rend {
+		if err := c.rbufErr; err != nil {
+			c.rbufErr = nil
+			return 0, err
+		}
+		if len(p) >= readBufferSize {
+			return c.Conn.Read(p)
+		}
+		if c.rbuf == nil {
+			c.rbuf = make([]byte, readBufferSize)
+		}
+		m, err := c.Conn.Read(c.rbuf)
+		c.rpos, c.rend = 0, m
+		if m == 0 {
+			return 0, err
+		}
+		c.rbufErr = err
+	}
+	n := copy(p, c.rbuf[c.rpos:c.rend])
+	c.rpos += n
+	return n, nil
 }
 
 // firstFromServer checks the first byte a broker sends after CONNECT.
@@ -180,54 +231,107 @@ func firstFromServer(b byte) error {
 // the lock across the several writes of one packet.
 func (c *mqttConn) Lock() { c.wmu.Lock() }
 
-// Unlock writes out anything still buffered (a packet whose header did not
-// announce its end) and releases the lock.
+// Unlock queues anything still buffered (a packet whose header did not
+// announce its end), releases the lock, and waits until the packet is on
+// the socket. A failed write closes the connection: paho, which has had
+// its WriteTo's answer, finds it at its next read or write.
 func (c *mqttConn) Unlock() {
-	if len(c.wbuf) > 0 && c.werr == nil {
-		c.flush()
+	if len(c.wbuf) > 0 {
+		c.ws = frameScanner{}
+		c.enqueue()
 	}
+	seq := c.waitSeq
+	c.waitSeq = 0
 	c.wmu.Unlock()
+	if seq != 0 {
+		_ = c.awaitWritten(seq)
+	}
 }
 
-// Write buffers p and, once the packet it belongs to is complete, writes
-// the packet to the socket in one write, bounded by writeTimeout. Callers
-// hold the lock (paho's WriteTo does).
+// Write buffers p and, once the packet it belongs to is complete, queues
+// it for the socket. Callers hold the lock (paho's WriteTo does); Unlock
+// waits for the write.
 func (c *mqttConn) Write(p []byte) (int, error) {
-	if c.werr != nil {
-		return 0, c.werr
+	c.gmu.Lock()
+	err := c.werr
+	c.gmu.Unlock()
+	if err != nil {
+		return 0, err
 	}
 	c.wbuf = append(c.wbuf, p...)
 	if err := c.ws.scan(p, nil); err != nil {
 		// Our own packet: paho never writes one this malformed; send it
 		// anyway and let the broker judge.
 		c.ws = frameScanner{}
-		return len(p), c.flush()
-	}
-	if c.ws.atBoundary() {
-		if err := c.flush(); err != nil {
-			return 0, err
-		}
+		c.enqueue()
+	} else if c.ws.atBoundary() {
+		c.enqueue()
 	}
 	return len(p), nil
 }
 
-func (c *mqttConn) flush() error {
-	now := time.Now()
-	_ = c.Conn.SetWriteDeadline(now.Add(c.writeTimeout))
-	c.flushStart.Store(now.UnixNano())
-	_, err := c.Conn.Write(c.wbuf)
-	c.flushStart.Store(0)
+// enqueue moves the packet in wbuf to the queue of the next write. c.wmu
+// is held.
+func (c *mqttConn) enqueue() {
+	c.gmu.Lock()
+	if c.werr == nil {
+		if c.queued == nil {
+			c.queued, c.spare = c.spare[:0], nil
+		}
+		c.queued = append(c.queued, c.wbuf...)
+		c.queuedSeq++
+		c.waitSeq = c.queuedSeq
+	}
+	c.gmu.Unlock()
 	if cap(c.wbuf) > maxKeptWriteBuffer {
 		c.wbuf = nil
 	} else {
 		c.wbuf = c.wbuf[:0]
 	}
-	if err != nil {
-		c.werr = fmt.Errorf("write: %w", err)
-		c.abort()
-		return c.werr
+}
+
+// awaitWritten returns once the write of queued packet seq has ended, with
+// the connection's write error, if any. While no write is in progress, the
+// caller writes everything queued so far itself, its own packet included.
+func (c *mqttConn) awaitWritten(seq uint64) error {
+	c.gmu.Lock()
+	defer c.gmu.Unlock()
+	for c.writtenSeq < seq && c.werr == nil {
+		if c.writing {
+			c.written.Wait()
+			continue
+		}
+		buf, upto := c.queued, c.queuedSeq
+		c.queued = nil
+		c.writing = true
+		c.gmu.Unlock()
+		err := c.writeOut(buf)
+		c.gmu.Lock()
+		c.writing = false
+		c.writtenSeq = upto
+		if cap(buf) <= maxKeptWriteBuffer {
+			c.spare = buf
+		}
+		if err != nil && c.werr == nil {
+			c.werr = fmt.Errorf("write: %w", err)
+		}
+		c.written.Broadcast()
 	}
-	return nil
+	return c.werr
+}
+
+// writeOut writes b to the socket, bounded by writeTimeout, and closes the
+// connection if that fails.
+func (c *mqttConn) writeOut(b []byte) error {
+	now := time.Now()
+	_ = c.Conn.SetWriteDeadline(now.Add(c.writeTimeout))
+	c.flushStart.Store(now.UnixNano())
+	_, err := c.Conn.Write(b)
+	c.flushStart.Store(0)
+	if err != nil {
+		c.abort()
+	}
+	return err
 }
 
 // Close closes the socket, at once: a TLS close_notify alert is not sent
