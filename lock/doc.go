@@ -47,19 +47,24 @@
 //     tell it things with a SET of that key; messages expire after 10 TTLs.
 //   - A waiter reads the lock's key to learn the holder and joins by writing
 //     its record into the holder's inbox. The holder confirms the join, or
-//     tells the waiter that it is one of the first two.
-//   - Only the first two waiters watch the lock's key (KEYNOTIFY), and a
-//     waiter whose join is not confirmed yet: the holder may keep no queue
-//     (it took a free lock without waiting, or with TryLock), and then the
-//     waiter races for the release and joins whoever won.
-//   - A release hands the queue to the first waiter with one message, after
-//     the delete (or, with FenceKey, after a fenced SET of that waiter's
-//     record: a reservation that only it can take). It takes the lock and
-//     keeps the queue from then on. A holder that locks again at once joins
-//     at the back.
-//   - If the holder is gone (the key expired), the first waiter takes the
-//     key at once and the second after a grace (TTL/50, at least 20 ms), in
-//     case the first is gone too. A Lock that took the key without being
+//     tells the waiter to watch the lock's key.
+//   - Only two waiters watch the lock's key (KEYNOTIFY), and a waiter whose
+//     join is not confirmed yet: the holder may keep no queue (it took a
+//     free lock without waiting, or with TryLock), and then the waiter
+//     races for the release and joins whoever won. The holder picks the two
+//     from the back of the queue, and they watch until they hold, so that a
+//     handover seldom needs a new one.
+//   - A release hands the queue to the first waiter with one message: with
+//     the delete if that waiter watches the key (it takes the key once it
+//     has seen both), else after the delete's answer (or, with FenceKey,
+//     after a fenced SET of that waiter's record: a reservation that only it
+//     can take). It takes the lock and keeps the queue from then on. A
+//     holder that locks again at once joins at the back, with one message
+//     to the Lock it handed to.
+//   - If the holder is gone (the key expired), a watcher that was alone in
+//     the queue when told to watch takes the key at once, and the other
+//     after a grace (TTL/10, at most 1 s), in case the first is gone
+//     too. A Lock that took the key without being
 //     handed the queue calls a roll on the queue key (Name + "\x00queue"),
 //     which every Lock in a queue watches, and a waiter missing from it
 //     joins again: that costs a notification per waiter, after faults only.
@@ -87,11 +92,15 @@
 // timers and backoffs of retries and lost races are made only when needed.
 //
 // Costs, measured with BenchmarkWaiters (each holder holds 20 ms, and locks
-// again once another has the lock): 8 requests per handover whatever the
-// number of waiters (the release, the turn, the take-over, telling the new
-// second waiter, its KEYNOTIFY and GET, the new holder's KEYNOTIFY STOP, the
-// old holder's join), and about as many notifications; handover p50 about
-// 2 ms with 10 waiters and 2-3.5 ms with 400. A contended Lock costs 9
+// again once another has the lock): 4 requests per handover (the release,
+// the turn, the take-over, the old holder's join), and about as many
+// notifications, plus 4 when a watcher of the key takes the lock (telling a
+// new one, its KEYNOTIFY and GET, the new holder's KEYNOTIFY STOP): about 2
+// in N handovers with N waiters, so 5.6 requests per handover with 10
+// waiters, 4.1 with 100 and 4.0 with 400; handover p50 about 2 ms with 10
+// waiters and 2-3.5 ms with 400. A handover to a waiter that watches the
+// key (the only waiter, say) costs what a race for the release would: the
+// turn goes out with the delete. A contended Lock costs 9
 // requests to enter the wait. When many wait behind a holder that keeps no
 // queue (it took a free lock), its release sends all of them to the store
 // once, and they queue behind the winner in the order they come back: that

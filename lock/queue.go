@@ -21,32 +21,44 @@ import (
 //
 //   - A waiter learns the holder from the lock's key (a GET) and joins by
 //     writing its acquisition record into the holder's inbox. The holder
-//     appends it to the queue and confirms it (msgAck), or tells it that it
-//     is one of the first two waiters (msgHead).
-//   - The first two waiters watch the lock's key, and nobody else does: they
-//     see the holder's renewals, its release and its expiry. A waiter whose
-//     join is not confirmed yet watches it too, in case the holder keeps no
-//     queue (it took a free lock without waiting, or with TryLock).
+//     appends it to the queue and confirms it (msgAck), or tells it to
+//     watch the lock's key (msgHead).
+//   - Two waiters watch the lock's key (keyWatchers), and nobody else does:
+//     they see the holder's renewals, its release and its expiry. The
+//     holder picks them from the back of its queue, and they watch until
+//     they hold (or leave), so that most handovers need no new watcher: a
+//     new one is told, and watches, only when one of them took the lock.
+//     ('1': it was alone in the queue when told; '2': others were ahead.)
+//     A waiter whose join is not confirmed yet watches the key too, in case
+//     the holder keeps no queue (it took a free lock without waiting, or
+//     with TryLock).
 //   - The holder releases (VDEL, or with FenceKey a fenced SET of the first
-//     waiter's record: a reservation only that waiter can take), then hands
-//     the queue to the first waiter (msgTurn), which takes the lock and keeps
-//     the queue from then on. A holder that locks again joins at the back.
+//     waiter's record: a reservation only that waiter can take), and hands
+//     the queue to the first waiter (msgTurn), which takes the lock and
+//     keeps the queue from then on. A first waiter that watches the key is
+//     sent the turn with the delete, not after its answer, and takes the
+//     key once it has seen both; one that does not is sent it after the
+//     delete's answer, and finds the key free. A holder that locks again
+//     joins at the back.
 //   - A Lock that has handed the queue on passes whatever it is still told
 //     (a join or a leave that crossed the handover) to the one it handed to.
 //
 // So a handover costs a fixed number of requests and notifications, however
-// many wait: the release, the turn, the acquisition, telling the new second
-// waiter to watch the key (and its KEYNOTIFY), the new holder's KEYNOTIFY
-// STOP, and the old holder's join if it locks again.
+// many wait: the release, the turn, the acquisition, and the old holder's
+// join if it locks again (it joins the Lock it handed to, without a GET);
+// and, when a watcher took the lock, telling a new one at the back to watch
+// (msgHead, and its KEYNOTIFY and GET) and the new holder's KEYNOTIFY STOP,
+// which with N waiters comes about twice every N handovers.
 //
 // When the holder is gone without handing over (it crashed, or its holding
-// was lost), the first waiter sees the key expire and takes it at once; the
-// second waits a grace first, in case the first is gone too. A holder that
-// took the lock without being handed the queue, or whose inbox lost track of
-// what it was told (a Resync), cannot know every waiter: it writes the
-// queue's roll call (the lock's name and queueSuffix), which every engaged
-// Lock watches, and a waiter missing from it joins again. That costs a
-// notification per waiter, and happens only after such faults.
+// was lost), a watcher sees the key expire: one told '1' takes it at once,
+// one told '2' after coverGrace, in case the one before it is gone too (or
+// merely slow). A holder that took the lock without being handed the queue,
+// or whose inbox lost track of what it was told (a Resync), cannot know
+// every waiter: it writes the queue's roll call (the lock's name and
+// queueSuffix), which every engaged Lock watches, and a waiter missing from
+// it joins again. That costs a notification per waiter, and happens only
+// after such faults.
 //
 // Fairness bound: a waiter whose join is confirmed is served in order, so
 // each other waiter overtakes it at most once; if the queue is lost and it
@@ -69,7 +81,7 @@ const (
 	msgJoin    = '+' // record: queue the sender, and confirm it
 	msgRejoin  = '*' // record: queue the sender; it needs no confirmation
 	msgLeave   = '-' // record: the sender gave up
-	msgHead    = 'H' // '1' or '2': you are among the first waiters; watch the key
+	msgHead    = 'H' // '1' or '2': watch the key (see toldFirst, toldSecond)
 	msgAck     = 'K' // your join is queued
 	msgTurn    = 'Q' // reservation ',' releaser '\n' entries: the lock is released to you; the rest of the queue
 	msgForward = 'A' // entries: queue these after the ones you have
@@ -81,9 +93,15 @@ const (
 const (
 	toldNothing = 0   // the waiter awaits a confirmation
 	toldAck     = 'k' // confirmed
-	toldFirst   = '1' // told it is the first waiter
-	toldSecond  = '2' // told it is the second waiter
+	toldFirst   = '1' // told to watch the key, as the first waiter: takes an expired key at once
+	toldSecond  = '2' // told to watch the key behind others: takes an expired key after coverGrace
 )
+
+// keyWatchers is how many waiters of a queue watch the lock's key.
+const keyWatchers = 2
+
+// watches reports whether a waiter told told watches the lock's key.
+func watches(told byte) bool { return told == toldFirst || told == toldSecond }
 
 // entry is one waiter in a queue.
 type entry struct {
@@ -387,8 +405,8 @@ func (q *queue) onInbox(ev sskv.Event) {
 			q.head, q.acked = body[0], true
 		}
 	case msgAck:
-		// Queued behind the first two (a merged queue may move a waiter
-		// back): it no longer covers for the first.
+		// Queued, and not among the watchers (a merged queue may have
+		// others watch): it no longer watches the key.
 		q.acked = true
 		if q.waiting && !q.holds {
 			q.head = 0
@@ -498,21 +516,35 @@ func turnBody(token, rel hlc.Timestamp, es []entry) []byte {
 	return appendEntries(msg, es)
 }
 
-// settle does what this Lock owes the entries it keeps: a holder tells the
-// first two waiters to watch the key and confirms the others; a waiter
+// settle does what this Lock owes the entries it keeps: a holder keeps
+// keyWatchers waiters watching the key and confirms the others; a waiter
 // keeps them; a Lock that handed the queue on passes them on; one that
 // neither holds, nor waits, nor handed on hands them the lock. q.mu is
 // held.
 func (q *queue) settle() {
 	switch {
 	case q.holds || q.releasing:
-		for i := range q.entries {
-			e := &q.entries[i]
-			switch {
-			case i < 2 && e.told != toldFirst && e.told != toldSecond:
-				e.told = byte(toldFirst + i)
+		// Two waiters watch the key. Those told to stay so until they
+		// hold, and new ones are taken from the back of the queue, so that
+		// a handover seldom needs a new one.
+		watchers := 0
+		for _, e := range q.entries {
+			if watches(e.told) {
+				watchers++
+			}
+		}
+		for i := len(q.entries) - 1; i >= 0 && watchers < keyWatchers; i-- {
+			if e := &q.entries[i]; !watches(e.told) {
+				e.told = toldSecond
+				if i == 0 {
+					e.told = toldFirst
+				}
 				q.send(e.id, []byte{msgHead, e.told})
-			case e.told == toldNothing:
+				watchers++
+			}
+		}
+		for i := range q.entries {
+			if e := &q.entries[i]; e.told == toldNothing {
 				e.told = toldAck
 				q.send(e.id, []byte{msgAck})
 			}
