@@ -79,9 +79,10 @@
 // such queue is merged into the holder's (turns carry the releasing
 // holding's token, so a late one is told apart), so that two queues never
 // wait on each other. Measured with 10 waiters holding 5 ms each, race
-// detector, on a loaded 2-core machine: at most 8-17 overtakes in most of
-// 160 runs, 19-20 in a few; the tests check 3N, to stay clear of heavier
-// load. Locks that take a free lock without queueing
+// detector, on a loaded 2-core machine (since the watchers of the key come
+// from the back of the queue): at most 8-23 overtakes in most of about 75
+// runs, 28 once, and 32 once with the machine's load average near 8 (the
+// design before it: 9-25 in 22 runs beside them); the tests check 3N. Locks that take a free lock without queueing
 // (TryLock, or a Lock that found the lock free) can take it only in the
 // moment between a release and its take-over by the first waiter; a
 // FenceKey handover leaves no such moment. Config.Race turns the queue off:
@@ -96,9 +97,9 @@
 // the turn, the take-over, the old holder's join), and about as many
 // notifications, plus 4 when a watcher of the key takes the lock (telling a
 // new one, its KEYNOTIFY and GET, the new holder's KEYNOTIFY STOP): about 2
-// in N handovers with N waiters, so 5.6 requests per handover with 10
+// in N handovers with N waiters, so 5.3-5.6 requests per handover with 10
 // waiters, 4.1 with 100 and 4.0 with 400; handover p50 about 2 ms with 10
-// waiters and 2-3.5 ms with 400. A handover to a waiter that watches the
+// waiters and 2.5-3.7 ms with 400. A handover to a waiter that watches the
 // key (the only waiter, say) costs what a race for the release would: the
 // turn goes out with the delete. A contended Lock costs 9
 // requests to enter the wait. When many wait behind a holder that keeps no
