@@ -51,14 +51,19 @@ import (
 // which with N waiters comes about twice every N handovers.
 //
 // When the holder is gone without handing over (it crashed, or its holding
-// was lost), a watcher sees the key expire: one told '1' takes it at once,
-// one told '2' after coverGrace, in case the one before it is gone too (or
-// merely slow). A holder that took the lock without being handed the queue,
-// or whose inbox lost track of what it was told (a Resync), cannot know
-// every waiter: it writes the queue's roll call (the lock's name and
-// queueSuffix), which every engaged Lock watches, and a waiter missing from
-// it joins again. That costs a notification per waiter, and happens only
-// after such faults.
+// was lost), the watchers see the key expire. The first waiter takes it at
+// once: a watcher that is the first does (one told '1', or one that has seen
+// every waiter it was told was ahead of it take the key), and a watcher
+// that is not tells the first of those (msgExpired: both watchers do, one
+// message each), which takes it; a Lock that was told and no longer waits
+// tells the next. A watcher takes the key itself after coverGrace, in case
+// the first is gone too (or merely slow). Not after a Resync: a key that
+// vanished unseen is left alone for a TTL (see Lock). A holder that took
+// the lock without being handed the queue, or whose inbox lost track of
+// what it was told (a Resync), cannot know every waiter: it writes the
+// queue's roll call (the lock's name and queueSuffix), which every engaged
+// Lock watches, and a waiter missing from it joins again. That costs a
+// notification per waiter, and happens only after such faults.
 //
 // Fairness bound: a waiter whose join is confirmed is served in order, so
 // each other waiter overtakes it at most once; if the queue is lost and it
@@ -81,21 +86,65 @@ const (
 	msgJoin    = '+' // record: queue the sender, and confirm it
 	msgRejoin  = '*' // record: queue the sender; it needs no confirmation
 	msgLeave   = '-' // record: the sender gave up
-	msgHead    = 'H' // '1' or '2': watch the key (see toldFirst, toldSecond)
+	msgHead    = 'H' // '1' or '2', then ids: watch the key (see toldFirst, toldSecond); the waiters ahead of you
 	msgAck     = 'K' // your join is queued
 	msgTurn    = 'Q' // reservation ',' releaser '\n' entries: the lock is released to you; the rest of the queue
 	msgForward = 'A' // entries: queue these after the ones you have
 	msgRoll    = 'E' // entries: the queue as its holder knows it (the roll-call key)
 	msgSlot    = 'S' // slot ',' version: a Semaphore's slot is reserved for you (semwait.go)
+	msgExpired = 'X' // version '\n' ids: the key expired then, and you are the first waiter; if you do not wait, tell the first of ids
 )
 
 // Entry states, as entries are encoded.
 const (
 	toldNothing = 0   // the waiter awaits a confirmation
 	toldAck     = 'k' // confirmed
-	toldFirst   = '1' // told to watch the key, as the first waiter: takes an expired key at once
-	toldSecond  = '2' // told to watch the key behind others: takes an expired key after coverGrace
+	toldFirst   = '1' // told to watch the key, as the first waiter (or it became the first): takes an expired key at once
+	toldSecond  = '2' // told to watch the key behind others: tells the first of them an expiry, takes the key after coverGrace
 )
+
+// appendIDs appends ids to b, one a line (a HolderID has no newline).
+func appendIDs(b []byte, ids []string) []byte {
+	for i, id := range ids {
+		if i > 0 {
+			b = append(b, '\n')
+		}
+		b = append(b, id...)
+	}
+	return b
+}
+
+// parseIDs decodes appendIDs.
+func parseIDs(b []byte) []string {
+	var ids []string
+	for f := range bytes.SplitSeq(b, []byte{'\n'}) {
+		if len(f) > 0 {
+			ids = append(ids, string(f))
+		}
+	}
+	return ids
+}
+
+// expiredBody encodes a msgExpired: the version of the key's deletion (the
+// store's time of it), and the waiters after the one it goes to.
+func expiredBody(v hlc.Timestamp, ids []string) []byte {
+	msg, _ := v.AppendText([]byte{msgExpired})
+	msg = append(msg, '\n')
+	return appendIDs(msg, ids)
+}
+
+// parseExpired decodes expiredBody's body (after the kind byte).
+func parseExpired(body []byte) (hlc.Timestamp, []string, bool) {
+	a, b, ok := bytes.Cut(body, []byte{'\n'})
+	if !ok {
+		return hlc.Timestamp{}, nil, false
+	}
+	v, err := hlc.ParseBytes(a)
+	if err != nil || v.IsZero() {
+		return hlc.Timestamp{}, nil, false
+	}
+	return v, parseIDs(b), true
+}
 
 // keyWatchers is how many waiters of a queue watch the lock's key.
 const keyWatchers = 2
@@ -186,10 +235,18 @@ type queue struct {
 	joinedTo string // whom its join went to; "" when not joined
 	joinedAt time.Time
 	acked    bool // the join was confirmed
-	head     byte // toldFirst or toldSecond when it is told it is among the first
-	turn     bool // the lock was released to it
-	token    hlc.Timestamp
-	rejoin   bool // check the lock and join again
+	head     byte // toldFirst or toldSecond while it is told to watch the key
+	// ahead: while it watches the key, the waiters that were ahead of it
+	// when it was told to, less those it has seen take the key since (the
+	// queue is served in order): the first of them is the first waiter.
+	// Once it has seen them all take the key, it is the first (toldFirst).
+	ahead []string
+	// expiredTold: a watcher of the key saw it expire and told this
+	// waiter, the first it knows of, to take it.
+	expiredTold bool
+	turn        bool // the lock was released to it
+	token       hlc.Timestamp
+	rejoin      bool // check the lock and join again
 	// The lock's key, while watched.
 	lw      *sskv.Watcher
 	lcancel context.CancelFunc // ends lw
@@ -401,15 +458,32 @@ func (q *queue) onInbox(ev sskv.Event) {
 			q.send(q.forward, ev.Value)
 		}
 	case msgHead:
-		if len(body) == 1 && q.waiting && !q.holds {
-			q.head, q.acked = body[0], true
+		if len(body) >= 1 && q.waiting && !q.holds {
+			q.head, q.acked, q.ahead = body[0], true, nil
+			if q.head == toldSecond {
+				q.ahead = parseIDs(body[1:])
+			}
 		}
 	case msgAck:
 		// Queued, and not among the watchers (a merged queue may have
 		// others watch): it no longer watches the key.
 		q.acked = true
 		if q.waiting && !q.holds {
-			q.head = 0
+			q.head, q.ahead = 0, nil
+		}
+	case msgExpired:
+		v, ids, ok := parseExpired(body)
+		switch {
+		case !ok || q.holds || q.releasing || !v.After(q.heldToken):
+			// It has held the lock since: the message is late.
+		case q.waiting && !q.turn:
+			// The holder is gone, and this waiter is the first: it takes
+			// the key at once (see Lock.waitQueued).
+			q.expiredTold = true
+		case !q.waiting && len(ids) > 0:
+			// It no longer waits (it gave up, or a Semaphore served it
+			// another slot): the next one is the first.
+			q.send(ids[0], expiredBody(v, ids[1:]))
 		}
 	case msgSlot:
 		q.l.offered(body)
@@ -535,11 +609,21 @@ func (q *queue) settle() {
 		}
 		for i := len(q.entries) - 1; i >= 0 && watchers < keyWatchers; i-- {
 			if e := &q.entries[i]; !watches(e.told) {
+				// It is told who is ahead of it: if the key expires, it
+				// tells the first of them to take it (see onLock).
 				e.told = toldSecond
+				msg := []byte{msgHead, e.told}
 				if i == 0 {
 					e.told = toldFirst
+					msg[1] = e.told
 				}
-				q.send(e.id, []byte{msgHead, e.told})
+				for j, a := range q.entries[:i] {
+					if j > 0 {
+						msg = append(msg, '\n')
+					}
+					msg = append(msg, a.id...)
+				}
+				q.send(e.id, msg)
 				watchers++
 			}
 		}
@@ -678,11 +762,28 @@ func (q *queue) onLock(lw *sskv.Watcher, ev sskv.Event, ok bool) {
 		// expiry a TTL after it.
 		q.expired = time.Since(q.lastSet) > q.l.cfg.TTL/2
 		q.free, q.value = true, nil
+		if q.expired && !ev.Resync && !ev.Version.IsZero() && q.watchesKey() && q.head == toldSecond && len(q.ahead) > 0 {
+			// The holder is gone, and the first waiter, which does not
+			// watch the key, would wait for its safeguard check: tell it
+			// (the other watcher tells it too). Not after a Resync: the
+			// key may have vanished unseen, and the watchers hold off.
+			q.send(q.ahead[0], expiredBody(ev.Version, q.ahead[1:]))
+		}
 		return
 	}
 	q.lastSet = time.Now()
 	q.free, q.held = false, true
 	q.value, q.version = bytes.Clone(ev.Value), ev.Version
+	if len(q.ahead) > 0 {
+		// A waiter ahead took the key: those before it were served (or
+		// left).
+		if i := slices.Index(q.ahead, ParseHolder(ev.Value, ev.Version).ID); i >= 0 {
+			q.ahead = q.ahead[i+1:]
+			if len(q.ahead) == 0 && q.head == toldSecond {
+				q.head = toldFirst // it is the first now
+			}
+		}
+	}
 }
 
 // watchesKey reports whether this waiter should watch the lock's key.
@@ -706,33 +807,36 @@ type queueState struct {
 	head     byte
 	acked    bool
 	expired  bool // the key expired (rather than being released)
-	joinedAt time.Time
-	known    bool // the key's state is known (see queue.known)
-	stray    bool // not confirmed, and the key went to another than the one it joined
-	unseen   time.Time
+	// expiredTold: a watcher told it the key expired, with it first.
+	expiredTold bool
+	joinedAt    time.Time
+	known       bool // the key's state is known (see queue.known)
+	stray       bool // not confirmed, and the key went to another than the one it joined
+	unseen      time.Time
 }
 
 func (q *queue) state() queueState {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	s := queueState{
-		ended:    q.ended,
-		watchKey: q.watchesKey(),
-		watching: q.lw != nil,
-		join:     !q.turn && (q.joinedTo == "" || q.rejoin),
-		forward:  q.forward,
-		turn:     q.turn,
-		token:    q.token,
-		reserved: q.lw != nil && q.value != nil && bytes.Equal(q.value, q.l.acqRecord()),
-		free:     q.lw != nil && q.free,
-		changed:  q.changed,
-		head:     q.head,
-		acked:    q.acked,
-		expired:  q.expired,
-		joinedAt: q.joinedAt,
-		known:    q.known,
-		stray:    q.lw != nil && !q.acked && q.joinedTo != "" && q.value != nil && ParseHolder(q.value, q.version).ID != q.joinedTo,
-		unseen:   q.unseen,
+		ended:       q.ended,
+		watchKey:    q.watchesKey(),
+		watching:    q.lw != nil,
+		join:        !q.turn && (q.joinedTo == "" || q.rejoin),
+		forward:     q.forward,
+		turn:        q.turn,
+		token:       q.token,
+		reserved:    q.lw != nil && q.value != nil && bytes.Equal(q.value, q.l.acqRecord()),
+		free:        q.lw != nil && q.free,
+		changed:     q.changed,
+		head:        q.head,
+		acked:       q.acked,
+		expired:     q.expired,
+		joinedAt:    q.joinedAt,
+		expiredTold: q.expiredTold && q.waiting && !q.holds && !q.turn,
+		known:       q.known,
+		stray:       q.lw != nil && !q.acked && q.joinedTo != "" && q.value != nil && ParseHolder(q.value, q.version).ID != q.joinedTo,
+		unseen:      q.unseen,
 	}
 	q.lookedSeq = q.keySeq
 	if s.reserved {
@@ -848,6 +952,14 @@ func (q *queue) sawHeld() {
 	}
 }
 
+// triedExpired records that a waiter told the key expired (msgExpired)
+// tried to take it and found it held.
+func (q *queue) triedExpired() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.expiredTold = false
+}
+
 // startWait marks a wait under way.
 func (q *queue) startWait() {
 	q.mu.Lock()
@@ -860,7 +972,7 @@ func (q *queue) startWait() {
 func (q *queue) joined(id string, acked bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.joinedTo, q.acked, q.rejoin, q.head = id, acked, false, 0
+	q.joinedTo, q.acked, q.rejoin, q.head, q.ahead = id, acked, false, 0, nil
 	q.joinedAt = time.Now()
 	q.l.signalWait()
 }
@@ -873,7 +985,7 @@ func (q *queue) lostTurn() {
 	// It joins the new holder, and once that confirms it, passes on the
 	// queue it was handed (see settle): two queues would each wait for
 	// the other's key to be free.
-	q.turn, q.head, q.acked, q.rejoin, q.merge = false, 0, false, true, true
+	q.turn, q.head, q.ahead, q.acked, q.rejoin, q.merge = false, 0, nil, false, true, true
 	q.l.signalWait()
 }
 
@@ -886,6 +998,7 @@ func (q *queue) acquired(partial bool, token hlc.Timestamp) {
 	q.heldToken, q.relToken, q.merge = token, hlc.Timestamp{}, false
 	q.holds, q.waiting = true, false
 	q.turn, q.joinedTo, q.acked, q.head, q.rejoin, q.forward = false, "", false, 0, false, ""
+	q.ahead, q.expiredTold = nil, false
 	q.partial = partial
 	q.settle()
 	q.mu.Unlock()
@@ -972,6 +1085,7 @@ func (q *queue) leave() {
 			q.send(q.joinedTo, append([]byte{msgLeave}, q.l.acqRecord()...))
 		}
 		q.turn, q.joinedTo, q.acked, q.head, q.rejoin, q.merge = false, "", false, 0, false, false
+		q.ahead, q.expiredTold = nil, false
 	}
 	q.mu.Unlock()
 	q.unwatchKey()
