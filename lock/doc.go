@@ -61,13 +61,17 @@
 //     can take). It takes the lock and keeps the queue from then on. A
 //     holder that locks again at once joins at the back, with one message
 //     to the Lock it handed to.
-//   - If the holder is gone (the key expired), a watcher that was alone in
-//     the queue when told to watch takes the key at once, and the other
-//     after a grace (TTL/10, at most 1 s), in case the first is gone
-//     too. A Lock that took the key without being
-//     handed the queue calls a roll on the queue key (Name + "\x00queue"),
-//     which every Lock in a queue watches, and a waiter missing from it
-//     joins again: that costs a notification per waiter, after faults only.
+//   - If the holder is gone (the key expired), the first waiter takes the
+//     key at once, whatever the length of the queue: a watcher is told who
+//     is ahead of it when it is told to watch, drops those it sees take the
+//     key, and at the expiry takes the key if it is the first, or else
+//     tells the first (one message from each watcher; a Lock told that no
+//     longer waits tells the next). A watcher takes the key itself after a
+//     grace (TTL/10, at most 1 s), in case the first is gone too. A Lock
+//     that took the key without being handed the queue calls a roll on the
+//     queue key (Name + "\x00queue"), which every Lock in a queue watches,
+//     and a waiter missing from it joins again: that costs a notification
+//     per waiter, after faults only.
 //
 // The bound: a Lock call is overtaken about 2N times at most, with N other
 // Locks waiting. A confirmed waiter is served in order, so each other

@@ -77,7 +77,7 @@ func (l *Lock) firstWaiter() (entry, bool) {
 }
 
 // served takes the waiter id out of the queue this Lock keeps, as served
-// (the first two are told their places afresh), and reports whether it
+// (a new watcher of the key is told if it was one), and reports whether it
 // was in it: false if it left, or if the queue was handed on.
 func (l *Lock) served(id string) bool {
 	q := l.qv.Load()
