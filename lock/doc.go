@@ -83,13 +83,15 @@
 // such queue is merged into the holder's (turns carry the releasing
 // holding's token, so a late one is told apart), so that two queues never
 // wait on each other. Measured with 10 waiters holding 5 ms each, race
-// detector, on a loaded 2-core machine (since the watchers of the key come
-// from the back of the queue): at most 8-23 overtakes in most of about 75
-// runs, 28 once, and 32 once with the machine's load average near 8 (the
-// design before it: 9-25 in 22 runs beside them); the tests check 3N. Locks that take a free lock without queueing
-// (TryLock, or a Lock that found the lock free) can take it only in the
-// moment between a release and its take-over by the first waiter; a
-// FenceKey handover leaves no such moment. Config.Race turns the queue off:
+// detector, on a loaded 2-core machine (TestFairWaiting): at most 10-22
+// overtakes, median 16, in 15 runs with the machine's load average at 2.5-5,
+// interleaved with the design in which the first two waiters watched the
+// key (14-21, median 16); in earlier runs of the same kind, 8-23 in most of
+// about 75, 26 and 28 once each at a load average of 5-7, and 32 once near
+// 8, past the 3N the tests check. Locks that take a free lock without
+// queueing (TryLock, or a Lock that found the lock free) can take it only
+// in the moment between a release and its take-over by the first waiter;
+// a FenceKey handover leaves no such moment. Config.Race turns the queue off:
 // waiters then race for each release, as the SDK's do (package leader does
 // this for an election's few candidates). A racing waiter asleep while the
 // holder renews has no goroutine but its caller's: it holds its watch of
@@ -101,15 +103,22 @@
 // the turn, the take-over, the old holder's join), and about as many
 // notifications, plus 4 when a watcher of the key takes the lock (telling a
 // new one, its KEYNOTIFY and GET, the new holder's KEYNOTIFY STOP): about 2
-// in N handovers with N waiters, so 5.3-5.6 requests per handover with 10
-// waiters, 4.1 with 100 and 4.0 with 400; handover p50 about 2 ms with 10
-// waiters and 2.5-3.7 ms with 400. A handover to a waiter that watches the
-// key (the only waiter, say) costs what a race for the release would: the
-// turn goes out with the delete. A contended Lock costs 9
-// requests to enter the wait. When many wait behind a holder that keeps no
-// queue (it took a free lock), its release sends all of them to the store
-// once, and they queue behind the winner in the order they come back: that
-// is where a Lock call comes nearest the 2N bound.
+// in N handovers with N waiters, so 4.8-5.6 requests per handover with 10
+// waiters, 4.1 with 100 and 4.0 with 400; handover p50 1.7-3.5 ms with 10
+// waiters and 2-2.5 ms with 400 (interleaved with the design before, in
+// which the first two waiters watched the key: 8 requests, 1.9 ms and
+// 2.1-2.3 ms). A handover to a waiter that watches the key (the only
+// waiter, say) costs what a race for the release would: the turn goes out
+// with the delete. A crashed holder's key costs one message more from each
+// watcher, to the first waiter, which takes it about a millisecond after
+// the expiry (p50 0.9-1.1 ms with 3 or 10 waiters,
+// BenchmarkCrashTakeoverQueue; with the first two waiters watching, one of
+// them took it after the grace, 21 ms there, as often the second as the
+// first). A contended Lock costs 9 requests to enter the wait. When many
+// wait behind a holder that keeps no queue (it took a free lock), its
+// release sends all of them to the store once, and they queue behind the
+// winner in the order they come back: that is where a Lock call comes
+// nearest the 2N bound.
 //
 // After a reconnect the watches report that they may have missed changes
 // and the waiter checks at once; as a last safeguard it also checks after
