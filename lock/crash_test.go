@@ -32,25 +32,26 @@ type acquired struct {
 // newCrashQueue sets up the lock name, with TTL ttl, held by a Lock that
 // waited for it (so that it keeps the queue) with n >= 3 waiters queued
 // behind it in a known order, after two handovers: a queue as it is in
-// use, where the first waiter need not watch the key. Then the holder's
-// client goes away, half a TTL later (it crashes: no release, no renewal),
-// and the key expires a TTL after its last renewal.
+// use, where the first waiter need not watch the key. The first left of
+// them give up. Then the holder's client goes away, half a TTL later (it
+// crashes: no release, no renewal), and the key expires a TTL after its
+// last renewal.
 //
 // With a short TTL on a loaded machine a watcher may take the key before a
 // turn that is merely slow, and the queue is not as planned: then the error
 // says so, and cq is closed.
-func newCrashQueue(tb testing.TB, srv *localstore.Server, name string, ttl time.Duration, n int) (*crashQueue, error) {
+func newCrashQueue(tb testing.TB, srv *localstore.Server, name string, ttl time.Duration, n, left int) (*crashQueue, error) {
 	tb.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	cq := &crashQueue{name: name, got: make(chan acquired, n+2), cancel: cancel}
-	if err := cq.setUp(tb, ctx, srv, ttl, n); err != nil {
+	if err := cq.setUp(tb, ctx, srv, ttl, n, left); err != nil {
 		cq.close()
 		return nil, err
 	}
 	return cq, nil
 }
 
-func (cq *crashQueue) setUp(tb testing.TB, ctx context.Context, srv *localstore.Server, ttl time.Duration, n int) error {
+func (cq *crashQueue) setUp(tb testing.TB, ctx context.Context, srv *localstore.Server, ttl time.Duration, n, left int) error {
 	name := cq.name
 	observer := dial(tb, srv.Addr())
 	cq.closers = append(cq.closers, func() { _ = observer.Close() })
@@ -93,12 +94,16 @@ func (cq *crashQueue) setUp(tb testing.TB, ctx context.Context, srv *localstore.
 	cs := make([]*sskv.Client, n+2)
 	got := make(chan acquired, n+2)
 	cq.closers = append(cq.closers, func() { close(got) })
+	giveUp := make([]context.CancelFunc, n+2)
 	for i := range ws {
 		ws[i], cs[i] = newL()
 		told := inbox(ws[i])
+		wctx, cancel := context.WithCancel(ctx)
+		giveUp[i] = cancel
 		cq.wg.Go(func() {
-			if err := ws[i].Lock(ctx); err != nil {
-				if ctx.Err() == nil {
+			defer cancel()
+			if err := ws[i].Lock(wctx); err != nil {
+				if wctx.Err() == nil {
 					tb.Errorf("waiter %d: %v", i, err)
 				}
 				return
@@ -155,6 +160,9 @@ func (cq *crashQueue) setUp(tb testing.TB, ctx context.Context, srv *localstore.
 		return err
 	}
 	cq.expired = kw.Events()
+	for _, cancel := range giveUp[2 : 2+left] {
+		cancel()
+	}
 	// The holder renews a few times first, as a holder usually has since
 	// its watchers started watching: a watcher tells an expiry from a
 	// release by the time since the last write it saw (see queue.onLock).
@@ -227,7 +235,7 @@ func TestCrashTakeoverGoesToFirstWaiter(t *testing.T) {
 	// coverGrace is 300 ms: well clear of a message and an acquisition,
 	// even on a loaded machine with the race detector.
 	const ttl = 3 * time.Second
-	cq, err := newCrashQueue(t, srv, "c", ttl, n)
+	cq, err := newCrashQueue(t, srv, "c", ttl, n, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,6 +265,28 @@ func TestCrashTakeoverGoesToFirstWaiter(t *testing.T) {
 	t.Logf("the first of %d waiters took the key %v after it expired", n, after)
 }
 
+// A holder that crashes with waiters queued behind it, the first of which
+// gave up before: the holder told the watchers of the key, so they tell the
+// next waiter, now the first, which takes the key at once.
+func TestCrashTakeoverSkipsWaiterThatLeft(t *testing.T) {
+	srv := startStore(t)
+	// Five, so that the second does not watch the key either. The first
+	// leaves 1.5 s before the crash: its queue, which it keeps for a TTL
+	// after, has ended by the expiry, and with it its inbox.
+	const n = 5
+	const ttl = 3 * time.Second // coverGrace 300 ms, as above
+	cq, err := newCrashQueue(t, srv, "c", ttl, n, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cq.close()
+	i, after := cq.takeover(t)
+	if i != 1 {
+		t.Fatalf("waiter %d of %d took the crashed holder's key %v after it expired; want the second, the first left", i, n, after)
+	}
+	t.Logf("the second of %d waiters, the first having left, took the key %v after it expired", n, after)
+}
+
 // Crash takeover with a queue: the holder crashes with n waiters behind it,
 // after two handovers (see newCrashQueue); measured from the key's expiry,
 // as an observer's watch saw it, to the first waiter's Lock returning.
@@ -275,7 +305,7 @@ func BenchmarkCrashTakeoverQueue(b *testing.B) {
 				for {
 					k++
 					var err error
-					if cq, err = newCrashQueue(b, srv, fmt.Sprintf("c%d", k), ttl, n); err == nil {
+					if cq, err = newCrashQueue(b, srv, fmt.Sprintf("c%d", k), ttl, n, 0); err == nil {
 						break
 					}
 					b.Logf("setting up again: %v", err)

@@ -66,7 +66,8 @@
 //     is ahead of it when it is told to watch, drops those it sees take the
 //     key, and at the expiry takes the key if it is the first, or else
 //     tells the first (one message from each watcher; a Lock told that no
-//     longer waits tells the next). A watcher takes the key itself after a
+//     longer waits tells the next, and the holder tells the watchers when a
+//     waiter ahead of them leaves the queue, one message each). A watcher takes the key itself after a
 //     grace (TTL/10, at most 1 s), in case the first is gone too. A Lock
 //     that took the key without being handed the queue calls a roll on the
 //     queue key (Name + "\x00queue"), which every Lock in a queue watches,

@@ -56,7 +56,9 @@ import (
 // every waiter it was told was ahead of it take the key), and a watcher
 // that is not tells the first of those (msgExpired: both watchers do, one
 // message each), which takes it; a Lock that was told and no longer waits
-// tells the next. A watcher takes the key itself after coverGrace, in case
+// tells the next. A waiter that leaves the queue (or that a Semaphore
+// serves another slot) is struck from the watchers' lists: the holder tells
+// the watchers behind it (msgLeft), one message each. A watcher takes the key itself after coverGrace, in case
 // the first is gone too (or merely slow). Not after a Resync: a key that
 // vanished unseen is left alone for a TTL (see Lock). A holder that took
 // the lock without being handed the queue, or whose inbox lost track of
@@ -93,6 +95,7 @@ const (
 	msgRoll    = 'E' // entries: the queue as its holder knows it (the roll-call key)
 	msgSlot    = 'S' // slot ',' version: a Semaphore's slot is reserved for you (semwait.go)
 	msgExpired = 'X' // version '\n' ids: the key expired then, and you are the first waiter; if you do not wait, tell the first of ids
+	msgLeft    = 'L' // id: a waiter you were told was ahead of you left the queue
 )
 
 // Entry states, as entries are encoded.
@@ -453,7 +456,7 @@ func (q *queue) onInbox(ev sskv.Event) {
 		id := ParseHolder(body, hlc.Timestamp{}).ID
 		i := slices.IndexFunc(q.entries, func(e entry) bool { return e.id == id })
 		if i >= 0 {
-			q.entries = slices.Delete(q.entries, i, i+1)
+			q.remove(i)
 		} else if q.forward != "" && !q.holds {
 			q.send(q.forward, ev.Value)
 		}
@@ -470,6 +473,13 @@ func (q *queue) onInbox(ev sskv.Event) {
 		q.acked = true
 		if q.waiting && !q.holds {
 			q.head, q.ahead = 0, nil
+		}
+	case msgLeft:
+		if i := slices.Index(q.ahead, string(body)); i >= 0 && q.head == toldSecond {
+			q.ahead = slices.Delete(q.ahead, i, i+1)
+			if len(q.ahead) == 0 {
+				q.head = toldFirst // it is the first now
+			}
 		}
 	case msgExpired:
 		v, ids, ok := parseExpired(body)
@@ -510,6 +520,21 @@ func (q *queue) onInbox(ev sskv.Event) {
 		q.entries = mergeEntries(q.l.cfg.HolderID, es, q.entries)
 	}
 	q.settle()
+}
+
+// remove takes the waiter at i out of the queue, which it left (or a
+// Semaphore served it): a holder tells the watchers of the key behind it,
+// which were told it was ahead of them, so that at an expiry they tell the
+// first waiter, not one that has gone. q.mu is held.
+func (q *queue) remove(i int) {
+	if q.holds || q.releasing {
+		for _, e := range q.entries[i+1:] {
+			if watches(e.told) {
+				q.send(e.id, append([]byte{msgLeft}, q.entries[i].id...))
+			}
+		}
+	}
+	q.entries = slices.Delete(q.entries, i, i+1)
 }
 
 // add appends the waiters es that are not queued yet, keeping the place of

@@ -93,7 +93,7 @@ func (l *Lock) served(id string) bool {
 	if i < 0 {
 		return false
 	}
-	q.entries = slices.Delete(q.entries, i, i+1)
+	q.remove(i)
 	q.settle()
 	return true
 }
