@@ -67,8 +67,9 @@
 //     key, and at the expiry takes the key if it is the first, or else
 //     tells the first (one message from each watcher; a Lock told that no
 //     longer waits tells the next, and the holder tells the watchers when a
-//     waiter ahead of them leaves the queue, one message each). A watcher takes the key itself after a
-//     grace (TTL/10, at most 1 s), in case the first is gone too. A Lock
+//     waiter ahead of them leaves the queue, one message each). A watcher
+//     takes the key itself after a grace (TTL/10, at most 1 s), in case the
+//     first is gone too. A Lock
 //     that took the key without being handed the queue calls a roll on the
 //     queue key (Name + "\x00queue"), which every Lock in a queue watches,
 //     and a waiter missing from it joins again: that costs a notification
@@ -298,7 +299,8 @@
 // as a Lock's key. A waiter sends nothing while the holders renew; the
 // holder of slot 0 pays for the watches (a KEYNOTIFY per other slot when
 // someone starts waiting, and a SET NX and a message per slot it passes
-// on).
+// on, and one more to each watcher of slot 0's key behind the waiter it
+// passes it to: see the Lock's queue above).
 //
 // The bound is a Lock's: a waiter whose join is confirmed is overtaken by
 // each other participant at most once, or twice if the queue was lost and
