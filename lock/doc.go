@@ -107,9 +107,9 @@
 // new one, its KEYNOTIFY and GET, the new holder's KEYNOTIFY STOP): about 2
 // in N handovers with N waiters, so 4.8-5.6 requests per handover with 10
 // waiters, 4.1 with 100 and 4.0 with 400; handover p50 1.7-3.5 ms with 10
-// waiters and 2-2.5 ms with 400 (interleaved with the design before, in
-// which the first two waiters watched the key: 8 requests, 1.9 ms and
-// 2.1-2.3 ms). A handover to a waiter that watches the key (the only
+// waiters and 2-3.2 ms with 400 (in three runs interleaved with the design
+// before, in which the first two waiters watched the key: 8 requests,
+// 1.9-2.3 ms and 2.1-2.6 ms). A handover to a waiter that watches the key (the only
 // waiter, say) costs what a race for the release would: the turn goes out
 // with the delete. A crashed holder's key costs one message more from each
 // watcher, to the first waiter, which takes it about a millisecond after
