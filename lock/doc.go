@@ -48,22 +48,33 @@
 //     tell it things with a SET of that key; messages expire after 10 TTLs.
 //   - A waiter reads the lock's key to learn the holder and joins by writing
 //     its record into the holder's inbox. The holder confirms the join, or
-//     tells the waiter that it is one of the first two.
-//   - Only the first two waiters watch the lock's key (KEYNOTIFY), and a
-//     waiter whose join is not confirmed yet: the holder may keep no queue
-//     (it took a free lock without waiting, or with TryLock), and then the
-//     waiter races for the release and joins whoever won.
-//   - A release hands the queue to the first waiter with one message, after
-//     the delete (or, with FenceKey, after a fenced SET of that waiter's
-//     record: a reservation that only it can take). It takes the lock and
-//     keeps the queue from then on. A holder that locks again at once joins
-//     at the back.
+//     tells the waiter to watch the lock's key.
+//   - Only two waiters watch the lock's key (KEYNOTIFY), and a waiter whose
+//     join is not confirmed yet: the holder may keep no queue (it took a
+//     free lock without waiting, or with TryLock), and then the waiter
+//     races for the release and joins whoever won. The holder picks the two
+//     from the back of the queue, and they watch until they hold, so that a
+//     handover seldom needs a new one.
+//   - A release hands the queue to the first waiter with one message: with
+//     the delete if that waiter watches the key (it takes the key once it
+//     has seen both), else after the delete's answer (or, with FenceKey,
+//     after a fenced SET of that waiter's record: a reservation that only it
+//     can take). It takes the lock and keeps the queue from then on. A
+//     holder that locks again at once joins at the back, with one message
+//     to the Lock it handed to.
 //   - If the holder is gone (the key expired), the first waiter takes the
-//     key at once and the second after a grace (TTL/50, at least 20 ms), in
-//     case the first is gone too. A Lock that took the key without being
-//     handed the queue calls a roll on the queue key (Name + "\x00queue"),
-//     which every Lock in a queue watches, and a waiter missing from it
-//     joins again: that costs a notification per waiter, after faults only.
+//     key at once, whatever the length of the queue: a watcher is told who
+//     is ahead of it when it is told to watch, drops those it sees take the
+//     key, and at the expiry takes the key if it is the first, or else
+//     tells the first (one message from each watcher; a Lock told that no
+//     longer waits tells the next, and the holder tells the watchers when a
+//     waiter ahead of them leaves the queue, one message each). A watcher
+//     takes the key itself after a grace (TTL/10, at most 1 s), in case the
+//     first is gone too. A Lock
+//     that took the key without being handed the queue calls a roll on the
+//     queue key (Name + "\x00queue"), which every Lock in a queue watches,
+//     and a waiter missing from it joins again: that costs a notification
+//     per waiter, after faults only.
 //
 // The bound: a Lock call is overtaken about 2N times at most, with N other
 // Locks waiting. A confirmed waiter is served in order, so each other
@@ -75,12 +86,15 @@
 // such queue is merged into the holder's (turns carry the releasing
 // holding's token, so a late one is told apart), so that two queues never
 // wait on each other. Measured with 10 waiters holding 5 ms each, race
-// detector, on a loaded 2-core machine: at most 8-17 overtakes in most of
-// 160 runs, 19-20 in a few; the tests check 3N, to stay clear of heavier
-// load. Locks that take a free lock without queueing
-// (TryLock, or a Lock that found the lock free) can take it only in the
-// moment between a release and its take-over by the first waiter; a
-// FenceKey handover leaves no such moment. Config.Race turns the queue off:
+// detector, on a loaded 2-core machine (TestFairWaiting): at most 10-22
+// overtakes, median 16, in 15 runs with the machine's load average at 2.5-5,
+// interleaved with the design in which the first two waiters watched the
+// key (14-21, median 16); in earlier runs of the same kind, 8-23 in most of
+// about 75, 26 and 28 once each at a load average of 5-7, and 32 once near
+// 8, past the 3N the tests check. Locks that take a free lock without
+// queueing (TryLock, or a Lock that found the lock free) can take it only
+// in the moment between a release and its take-over by the first waiter;
+// a FenceKey handover leaves no such moment. Config.Race turns the queue off:
 // waiters then race for each release, as the SDK's do (package leader does
 // this for an election's few candidates). A racing waiter asleep while the
 // holder renews has no goroutine but its caller's: it holds its watch of
@@ -88,15 +102,26 @@
 // timers and backoffs of retries and lost races are made only when needed.
 //
 // Costs, measured with BenchmarkWaiters (each holder holds 20 ms, and locks
-// again once another has the lock): 8 requests per handover whatever the
-// number of waiters (the release, the turn, the take-over, telling the new
-// second waiter, its KEYNOTIFY and GET, the new holder's KEYNOTIFY STOP, the
-// old holder's join), and about as many notifications; handover p50 about
-// 2 ms with 10 waiters and 2-3.5 ms with 400. A contended Lock costs 9
-// requests to enter the wait. When many wait behind a holder that keeps no
-// queue (it took a free lock), its release sends all of them to the store
-// once, and they queue behind the winner in the order they come back: that
-// is where a Lock call comes nearest the 2N bound.
+// again once another has the lock): 4 requests per handover (the release,
+// the turn, the take-over, the old holder's join), and about as many
+// notifications, plus 4 when a watcher of the key takes the lock (telling a
+// new one, its KEYNOTIFY and GET, the new holder's KEYNOTIFY STOP): about 2
+// in N handovers with N waiters, so 4.8-5.6 requests per handover with 10
+// waiters, 4.1 with 100 and 4.0 with 400; handover p50 1.7-3.5 ms with 10
+// waiters and 2-3.2 ms with 400 (in three runs interleaved with the design
+// before, in which the first two waiters watched the key: 8 requests,
+// 1.9-2.3 ms and 2.1-2.6 ms). A handover to a waiter that watches the key (the only
+// waiter, say) costs what a race for the release would: the turn goes out
+// with the delete. A crashed holder's key costs one message more from each
+// watcher, to the first waiter, which takes it about a millisecond after
+// the expiry (p50 0.9-1.1 ms with 3 or 10 waiters,
+// BenchmarkCrashTakeoverQueue; with the first two waiters watching, one of
+// them took it after the grace, 21 ms there, as often the second as the
+// first). A contended Lock costs 9 requests to enter the wait. When many
+// wait behind a holder that keeps no queue (it took a free lock), its
+// release sends all of them to the store once, and they queue behind the
+// winner in the order they come back: that is where a Lock call comes
+// nearest the 2N bound.
 //
 // After a reconnect the watches report that they may have missed changes
 // and the waiter checks at once; as a last safeguard it also checks after
@@ -275,7 +300,8 @@
 // as a Lock's key. A waiter sends nothing while the holders renew; the
 // holder of slot 0 pays for the watches (a KEYNOTIFY per other slot when
 // someone starts waiting, and a SET NX and a message per slot it passes
-// on).
+// on, and one more to each watcher of slot 0's key behind the waiter it
+// passes it to: see the Lock's queue above).
 //
 // The bound is a Lock's: a waiter whose join is confirmed is overtaken by
 // each other participant at most once, or twice if the queue was lost and

@@ -2,6 +2,7 @@ package lock
 
 import (
 	"bytes"
+	"slices"
 	"testing"
 
 	"github.com/dsslock/dsslock/hlc"
@@ -20,6 +21,7 @@ func FuzzQueueMessages(f *testing.F) {
 	f.Add(turnBody(ts, ts, es)[1:])
 	f.Add(appendEntries(nil, es))
 	f.Add(offerBody(2, ts)[1:])
+	f.Add(expiredBody(ts, []string{"a", "b"})[1:])
 	f.Add(SemaphoreRecord(3))
 	f.Add([]byte("holder\n001795695934356:00001:statestore\nvalue"))
 	f.Add([]byte(",\n"))
@@ -42,6 +44,12 @@ func FuzzQueueMessages(f *testing.F) {
 			}
 			if slot < 1 || slot >= maxSemaphoreLimit {
 				t.Fatalf("offer %q gives slot %d", b, slot)
+			}
+		}
+		if v, ids, ok := parseExpired(b); ok {
+			v2, again, ok := parseExpired(expiredBody(v, ids)[1:])
+			if !ok || v2 != v || !slices.Equal(again, ids) {
+				t.Fatalf("expiry %q does not read back", b)
 			}
 		}
 		if n, ok := parseSemaphoreRecord(b); ok {

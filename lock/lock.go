@@ -150,8 +150,8 @@ func (l *Lock) tryLock(ctx context.Context, ft hlc.Timestamp) (bool, error) {
 // A free lock costs one request. Otherwise the Lock joins the lock's queue,
 // which the holder keeps, and sleeps on its own inbox key (KEYNOTIFY) until
 // its turn: the holder hands the lock to it at its release, or (when the
-// Lock is one of the first two waiters, which watch the key) the key
-// expires with nobody to hand it over. It sends no request while the holder
+// Lock is one of the two waiters that watch the key) the key expires with
+// nobody to hand it over. It sends no request while the holder
 // keeps renewing. Waiters are served in the order they came, and a Lock
 // call is overtaken about 2N times at most with N other waiters (see the package
 // documentation; Config.Race turns the queue off). After a reconnect, or if
@@ -684,9 +684,15 @@ func (l *Lock) release(ctx context.Context) error {
 		}
 		return l.wrap("unlock", err)
 	}
-	if handover {
-		// After the delete: the first waiter takes the key when its turn
-		// comes (or, if the delete failed, when the key expires).
+	switch {
+	case handover && watches(first.told):
+		// The turn goes out with the delete, not after its answer: the
+		// first waiter watches the key, and takes it once it has both
+		// (or, if the delete fails, when the key expires).
+		l.q.sendTurn(hlc.Timestamp{})
+	case handover:
+		// After the delete: the first waiter, which does not watch the
+		// key, takes it when its turn comes.
 		defer l.q.sendTurn(hlc.Timestamp{})
 	}
 	// Without a fence there is no write that replaces only this holding's

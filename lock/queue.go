@@ -21,28 +21,47 @@ import (
 //
 //   - A waiter learns the holder from the lock's key (a GET) and joins by
 //     writing its acquisition record into the holder's inbox. The holder
-//     appends it to the queue and confirms it (msgAck), or tells it that it
-//     is one of the first two waiters (msgHead).
-//   - The first two waiters watch the lock's key, and nobody else does: they
-//     see the holder's renewals, its release and its expiry. A waiter whose
-//     join is not confirmed yet watches it too, in case the holder keeps no
-//     queue (it took a free lock without waiting, or with TryLock).
+//     appends it to the queue and confirms it (msgAck), or tells it to
+//     watch the lock's key (msgHead).
+//   - Two waiters watch the lock's key (keyWatchers), and nobody else does:
+//     they see the holder's renewals, its release and its expiry. The
+//     holder picks them from the back of its queue, and they watch until
+//     they hold (or leave), so that most handovers need no new watcher: a
+//     new one is told, and watches, only when one of them took the lock.
+//     ('1': it was alone in the queue when told; '2': others were ahead.)
+//     A waiter whose join is not confirmed yet watches the key too, in case
+//     the holder keeps no queue (it took a free lock without waiting, or
+//     with TryLock).
 //   - The holder releases (VDEL, or with FenceKey a fenced SET of the first
-//     waiter's record: a reservation only that waiter can take), then hands
-//     the queue to the first waiter (msgTurn), which takes the lock and keeps
-//     the queue from then on. A holder that locks again joins at the back.
+//     waiter's record: a reservation only that waiter can take), and hands
+//     the queue to the first waiter (msgTurn), which takes the lock and
+//     keeps the queue from then on. A first waiter that watches the key is
+//     sent the turn with the delete, not after its answer, and takes the
+//     key once it has seen both; one that does not is sent it after the
+//     delete's answer, and finds the key free. A holder that locks again
+//     joins at the back.
 //   - A Lock that has handed the queue on passes whatever it is still told
 //     (a join or a leave that crossed the handover) to the one it handed to.
 //
 // So a handover costs a fixed number of requests and notifications, however
-// many wait: the release, the turn, the acquisition, telling the new second
-// waiter to watch the key (and its KEYNOTIFY), the new holder's KEYNOTIFY
-// STOP, and the old holder's join if it locks again.
+// many wait: the release, the turn, the acquisition, and the old holder's
+// join if it locks again (it joins the Lock it handed to, without a GET);
+// and, when a watcher took the lock, telling a new one at the back to watch
+// (msgHead, and its KEYNOTIFY and GET) and the new holder's KEYNOTIFY STOP,
+// which with N waiters comes about twice every N handovers.
 //
 // When the holder is gone without handing over (it crashed, or its holding
-// was lost), the first waiter sees the key expire and takes it at once; the
-// second waits a grace first, in case the first is gone too. A holder that
-// took the lock without being handed the queue, or whose inbox lost track of
+// was lost), the watchers see the key expire. The first waiter takes it at
+// once: a watcher that is the first does (one told '1', or one that has seen
+// every waiter it was told was ahead of it take the key), and a watcher
+// that is not tells the first of those (msgExpired: both watchers do, one
+// message each), which takes it; a Lock that was told and no longer waits
+// tells the next. A waiter that leaves the queue (or that a Semaphore
+// serves another slot) is struck from the watchers' lists: the holder tells
+// the watchers behind it (msgLeft), one message each. A watcher takes the key itself after coverGrace, in case
+// the first is gone too (or merely slow). Not after a Resync: a key that
+// vanished unseen is left alone for a TTL (see Lock). A holder that took
+// the lock without being handed the queue, or whose inbox lost track of
 // what it was told (a Resync), cannot know every waiter: it writes the
 // queue's roll call (the lock's name and queueSuffix), which every engaged
 // Lock watches, and a waiter missing from it joins again. That costs a
@@ -69,21 +88,72 @@ const (
 	msgJoin    = '+' // record: queue the sender, and confirm it
 	msgRejoin  = '*' // record: queue the sender; it needs no confirmation
 	msgLeave   = '-' // record: the sender gave up
-	msgHead    = 'H' // '1' or '2': you are among the first waiters; watch the key
+	msgHead    = 'H' // '1' or '2', then ids: watch the key (see toldFirst, toldSecond); the waiters ahead of you
 	msgAck     = 'K' // your join is queued
 	msgTurn    = 'Q' // reservation ',' releaser '\n' entries: the lock is released to you; the rest of the queue
 	msgForward = 'A' // entries: queue these after the ones you have
 	msgRoll    = 'E' // entries: the queue as its holder knows it (the roll-call key)
 	msgSlot    = 'S' // slot ',' version: a Semaphore's slot is reserved for you (semwait.go)
+	msgExpired = 'X' // version '\n' ids: the key expired then, and you are the first waiter; if you do not wait, tell the first of ids
+	msgLeft    = 'L' // id: a waiter you were told was ahead of you left the queue
 )
 
 // Entry states, as entries are encoded.
 const (
 	toldNothing = 0   // the waiter awaits a confirmation
 	toldAck     = 'k' // confirmed
-	toldFirst   = '1' // told it is the first waiter
-	toldSecond  = '2' // told it is the second waiter
+	toldFirst   = '1' // told to watch the key, as the first waiter (or it became the first): takes an expired key at once
+	toldSecond  = '2' // told to watch the key behind others: tells the first of them an expiry, takes the key after coverGrace
 )
+
+// appendIDs appends ids to b, one a line (a HolderID has no newline).
+func appendIDs(b []byte, ids []string) []byte {
+	for i, id := range ids {
+		if i > 0 {
+			b = append(b, '\n')
+		}
+		b = append(b, id...)
+	}
+	return b
+}
+
+// parseIDs decodes appendIDs.
+func parseIDs(b []byte) []string {
+	var ids []string
+	for f := range bytes.SplitSeq(b, []byte{'\n'}) {
+		if len(f) > 0 {
+			ids = append(ids, string(f))
+		}
+	}
+	return ids
+}
+
+// expiredBody encodes a msgExpired: the version of the key's deletion (the
+// store's time of it), and the waiters after the one it goes to.
+func expiredBody(v hlc.Timestamp, ids []string) []byte {
+	msg, _ := v.AppendText([]byte{msgExpired})
+	msg = append(msg, '\n')
+	return appendIDs(msg, ids)
+}
+
+// parseExpired decodes expiredBody's body (after the kind byte).
+func parseExpired(body []byte) (hlc.Timestamp, []string, bool) {
+	a, b, ok := bytes.Cut(body, []byte{'\n'})
+	if !ok {
+		return hlc.Timestamp{}, nil, false
+	}
+	v, err := hlc.ParseBytes(a)
+	if err != nil || v.IsZero() {
+		return hlc.Timestamp{}, nil, false
+	}
+	return v, parseIDs(b), true
+}
+
+// keyWatchers is how many waiters of a queue watch the lock's key.
+const keyWatchers = 2
+
+// watches reports whether a waiter told told watches the lock's key.
+func watches(told byte) bool { return told == toldFirst || told == toldSecond }
 
 // entry is one waiter in a queue.
 type entry struct {
@@ -168,10 +238,18 @@ type queue struct {
 	joinedTo string // whom its join went to; "" when not joined
 	joinedAt time.Time
 	acked    bool // the join was confirmed
-	head     byte // toldFirst or toldSecond when it is told it is among the first
-	turn     bool // the lock was released to it
-	token    hlc.Timestamp
-	rejoin   bool // check the lock and join again
+	head     byte // toldFirst or toldSecond while it is told to watch the key
+	// ahead: while it watches the key, the waiters that were ahead of it
+	// when it was told to, less those it has seen take the key since (the
+	// queue is served in order): the first of them is the first waiter.
+	// Once it has seen them all take the key, it is the first (toldFirst).
+	ahead []string
+	// expiredTold: a watcher of the key saw it expire and told this
+	// waiter, the first it knows of, to take it.
+	expiredTold bool
+	turn        bool // the lock was released to it
+	token       hlc.Timestamp
+	rejoin      bool // check the lock and join again
 	// The lock's key, while watched.
 	lw      *sskv.Watcher
 	lcancel context.CancelFunc // ends lw
@@ -378,20 +456,44 @@ func (q *queue) onInbox(ev sskv.Event) {
 		id := ParseHolder(body, hlc.Timestamp{}).ID
 		i := slices.IndexFunc(q.entries, func(e entry) bool { return e.id == id })
 		if i >= 0 {
-			q.entries = slices.Delete(q.entries, i, i+1)
+			q.remove(i)
 		} else if q.forward != "" && !q.holds {
 			q.send(q.forward, ev.Value)
 		}
 	case msgHead:
-		if len(body) == 1 && q.waiting && !q.holds {
-			q.head, q.acked = body[0], true
+		if len(body) >= 1 && q.waiting && !q.holds {
+			q.head, q.acked, q.ahead = body[0], true, nil
+			if q.head == toldSecond {
+				q.ahead = parseIDs(body[1:])
+			}
 		}
 	case msgAck:
-		// Queued behind the first two (a merged queue may move a waiter
-		// back): it no longer covers for the first.
+		// Queued, and not among the watchers (a merged queue may have
+		// others watch): it no longer watches the key.
 		q.acked = true
 		if q.waiting && !q.holds {
-			q.head = 0
+			q.head, q.ahead = 0, nil
+		}
+	case msgLeft:
+		if i := slices.Index(q.ahead, string(body)); i >= 0 && q.head == toldSecond {
+			q.ahead = slices.Delete(q.ahead, i, i+1)
+			if len(q.ahead) == 0 {
+				q.head = toldFirst // it is the first now
+			}
+		}
+	case msgExpired:
+		v, ids, ok := parseExpired(body)
+		switch {
+		case !ok || q.holds || q.releasing || !v.After(q.heldToken):
+			// It has held the lock since: the message is late.
+		case q.waiting && !q.turn:
+			// The holder is gone, and this waiter is the first: it takes
+			// the key at once (see Lock.waitQueued).
+			q.expiredTold = true
+		case !q.waiting && len(ids) > 0:
+			// It no longer waits (it gave up, or a Semaphore served it
+			// another slot): the next one is the first.
+			q.send(ids[0], expiredBody(v, ids[1:]))
 		}
 	case msgSlot:
 		q.l.offered(body)
@@ -418,6 +520,21 @@ func (q *queue) onInbox(ev sskv.Event) {
 		q.entries = mergeEntries(q.l.cfg.HolderID, es, q.entries)
 	}
 	q.settle()
+}
+
+// remove takes the waiter at i out of the queue, which it left (or a
+// Semaphore served it): a holder tells the watchers of the key behind it,
+// which were told it was ahead of them, so that at an expiry they tell the
+// first waiter, not one that has gone. q.mu is held.
+func (q *queue) remove(i int) {
+	if q.holds || q.releasing {
+		for _, e := range q.entries[i+1:] {
+			if watches(e.told) {
+				q.send(e.id, append([]byte{msgLeft}, q.entries[i].id...))
+			}
+		}
+	}
+	q.entries = slices.Delete(q.entries, i, i+1)
 }
 
 // add appends the waiters es that are not queued yet, keeping the place of
@@ -498,21 +615,45 @@ func turnBody(token, rel hlc.Timestamp, es []entry) []byte {
 	return appendEntries(msg, es)
 }
 
-// settle does what this Lock owes the entries it keeps: a holder tells the
-// first two waiters to watch the key and confirms the others; a waiter
+// settle does what this Lock owes the entries it keeps: a holder keeps
+// keyWatchers waiters watching the key and confirms the others; a waiter
 // keeps them; a Lock that handed the queue on passes them on; one that
 // neither holds, nor waits, nor handed on hands them the lock. q.mu is
 // held.
 func (q *queue) settle() {
 	switch {
 	case q.holds || q.releasing:
+		// Two waiters watch the key. Those told to stay so until they
+		// hold, and new ones are taken from the back of the queue, so that
+		// a handover seldom needs a new one.
+		watchers := 0
+		for _, e := range q.entries {
+			if watches(e.told) {
+				watchers++
+			}
+		}
+		for i := len(q.entries) - 1; i >= 0 && watchers < keyWatchers; i-- {
+			if e := &q.entries[i]; !watches(e.told) {
+				// It is told who is ahead of it: if the key expires, it
+				// tells the first of them to take it (see onLock).
+				e.told = toldSecond
+				msg := []byte{msgHead, e.told}
+				if i == 0 {
+					e.told = toldFirst
+					msg[1] = e.told
+				}
+				for j, a := range q.entries[:i] {
+					if j > 0 {
+						msg = append(msg, '\n')
+					}
+					msg = append(msg, a.id...)
+				}
+				q.send(e.id, msg)
+				watchers++
+			}
+		}
 		for i := range q.entries {
-			e := &q.entries[i]
-			switch {
-			case i < 2 && e.told != toldFirst && e.told != toldSecond:
-				e.told = byte(toldFirst + i)
-				q.send(e.id, []byte{msgHead, e.told})
-			case e.told == toldNothing:
+			if e := &q.entries[i]; e.told == toldNothing {
 				e.told = toldAck
 				q.send(e.id, []byte{msgAck})
 			}
@@ -646,11 +787,28 @@ func (q *queue) onLock(lw *sskv.Watcher, ev sskv.Event, ok bool) {
 		// expiry a TTL after it.
 		q.expired = time.Since(q.lastSet) > q.l.cfg.TTL/2
 		q.free, q.value = true, nil
+		if q.expired && !ev.Resync && !ev.Version.IsZero() && q.watchesKey() && q.head == toldSecond && len(q.ahead) > 0 {
+			// The holder is gone, and the first waiter, which does not
+			// watch the key, would wait for its safeguard check: tell it
+			// (the other watcher tells it too). Not after a Resync: the
+			// key may have vanished unseen, and the watchers hold off.
+			q.send(q.ahead[0], expiredBody(ev.Version, q.ahead[1:]))
+		}
 		return
 	}
 	q.lastSet = time.Now()
 	q.free, q.held = false, true
 	q.value, q.version = bytes.Clone(ev.Value), ev.Version
+	if len(q.ahead) > 0 {
+		// A waiter ahead took the key: those before it were served (or
+		// left).
+		if i := slices.Index(q.ahead, ParseHolder(ev.Value, ev.Version).ID); i >= 0 {
+			q.ahead = q.ahead[i+1:]
+			if len(q.ahead) == 0 && q.head == toldSecond {
+				q.head = toldFirst // it is the first now
+			}
+		}
+	}
 }
 
 // watchesKey reports whether this waiter should watch the lock's key.
@@ -674,33 +832,36 @@ type queueState struct {
 	head     byte
 	acked    bool
 	expired  bool // the key expired (rather than being released)
-	joinedAt time.Time
-	known    bool // the key's state is known (see queue.known)
-	stray    bool // not confirmed, and the key went to another than the one it joined
-	unseen   time.Time
+	// expiredTold: a watcher told it the key expired, with it first.
+	expiredTold bool
+	joinedAt    time.Time
+	known       bool // the key's state is known (see queue.known)
+	stray       bool // not confirmed, and the key went to another than the one it joined
+	unseen      time.Time
 }
 
 func (q *queue) state() queueState {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	s := queueState{
-		ended:    q.ended,
-		watchKey: q.watchesKey(),
-		watching: q.lw != nil,
-		join:     !q.turn && (q.joinedTo == "" || q.rejoin),
-		forward:  q.forward,
-		turn:     q.turn,
-		token:    q.token,
-		reserved: q.lw != nil && q.value != nil && bytes.Equal(q.value, q.l.acqRecord()),
-		free:     q.lw != nil && q.free,
-		changed:  q.changed,
-		head:     q.head,
-		acked:    q.acked,
-		expired:  q.expired,
-		joinedAt: q.joinedAt,
-		known:    q.known,
-		stray:    q.lw != nil && !q.acked && q.joinedTo != "" && q.value != nil && ParseHolder(q.value, q.version).ID != q.joinedTo,
-		unseen:   q.unseen,
+		ended:       q.ended,
+		watchKey:    q.watchesKey(),
+		watching:    q.lw != nil,
+		join:        !q.turn && (q.joinedTo == "" || q.rejoin),
+		forward:     q.forward,
+		turn:        q.turn,
+		token:       q.token,
+		reserved:    q.lw != nil && q.value != nil && bytes.Equal(q.value, q.l.acqRecord()),
+		free:        q.lw != nil && q.free,
+		changed:     q.changed,
+		head:        q.head,
+		acked:       q.acked,
+		expired:     q.expired,
+		joinedAt:    q.joinedAt,
+		expiredTold: q.expiredTold && q.waiting && !q.holds && !q.turn,
+		known:       q.known,
+		stray:       q.lw != nil && !q.acked && q.joinedTo != "" && q.value != nil && ParseHolder(q.value, q.version).ID != q.joinedTo,
+		unseen:      q.unseen,
 	}
 	q.lookedSeq = q.keySeq
 	if s.reserved {
@@ -816,6 +977,14 @@ func (q *queue) sawHeld() {
 	}
 }
 
+// triedExpired records that a waiter told the key expired (msgExpired)
+// tried to take it and found it held.
+func (q *queue) triedExpired() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.expiredTold = false
+}
+
 // startWait marks a wait under way.
 func (q *queue) startWait() {
 	q.mu.Lock()
@@ -828,7 +997,7 @@ func (q *queue) startWait() {
 func (q *queue) joined(id string, acked bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.joinedTo, q.acked, q.rejoin, q.head = id, acked, false, 0
+	q.joinedTo, q.acked, q.rejoin, q.head, q.ahead = id, acked, false, 0, nil
 	q.joinedAt = time.Now()
 	q.l.signalWait()
 }
@@ -841,7 +1010,7 @@ func (q *queue) lostTurn() {
 	// It joins the new holder, and once that confirms it, passes on the
 	// queue it was handed (see settle): two queues would each wait for
 	// the other's key to be free.
-	q.turn, q.head, q.acked, q.rejoin, q.merge = false, 0, false, true, true
+	q.turn, q.head, q.ahead, q.acked, q.rejoin, q.merge = false, 0, nil, false, true, true
 	q.l.signalWait()
 }
 
@@ -854,6 +1023,7 @@ func (q *queue) acquired(partial bool, token hlc.Timestamp) {
 	q.heldToken, q.relToken, q.merge = token, hlc.Timestamp{}, false
 	q.holds, q.waiting = true, false
 	q.turn, q.joinedTo, q.acked, q.head, q.rejoin, q.forward = false, "", false, 0, false, ""
+	q.ahead, q.expiredTold = nil, false
 	q.partial = partial
 	q.settle()
 	q.mu.Unlock()
@@ -940,6 +1110,7 @@ func (q *queue) leave() {
 			q.send(q.joinedTo, append([]byte{msgLeave}, q.l.acqRecord()...))
 		}
 		q.turn, q.joinedTo, q.acked, q.head, q.rejoin, q.merge = false, "", false, 0, false, false
+		q.ahead, q.expiredTold = nil, false
 	}
 	q.mu.Unlock()
 	q.unwatchKey()

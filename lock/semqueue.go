@@ -77,7 +77,7 @@ func (l *Lock) firstWaiter() (entry, bool) {
 }
 
 // served takes the waiter id out of the queue this Lock keeps, as served
-// (the first two are told their places afresh), and reports whether it
+// (a new watcher of the key is told if it was one), and reports whether it
 // was in it: false if it left, or if the queue was handed on.
 func (l *Lock) served(id string) bool {
 	q := l.qv.Load()
@@ -93,7 +93,7 @@ func (l *Lock) served(id string) bool {
 	if i < 0 {
 		return false
 	}
-	q.entries = slices.Delete(q.entries, i, i+1)
+	q.remove(i)
 	q.settle()
 	return true
 }

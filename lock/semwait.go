@@ -34,7 +34,8 @@ import (
 //     key whose holder keeps no queue.
 //
 // So a waiter sends no request while the holders renew, and only the
-// keeper and the first two waiters get notifications of renewals.
+// keeper and the two waiters that watch slot 0's key get notifications of
+// renewals.
 
 // offer is a slot reserved for this participant by the keeper.
 type offer struct {

@@ -479,6 +479,18 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 					q.lostTurn() // someone else took it: join it
 				}
 				continue
+			case st.expiredTold:
+				// A watcher of the key saw it expire, and this Lock is
+				// the first waiter it knows of: it takes the key at once,
+				// as a first waiter that watched the key would. Its
+				// holder kept the queue, which is lost: it calls the roll.
+				if done, err := try(hlc.Timestamp{}, true); done {
+					return unknown, err
+				}
+				if !retrying {
+					q.triedExpired() // someone took the key meanwhile
+				}
+				continue
 			case st.stray && !st.join:
 				// Its join was not confirmed, and the key went to someone
 				// else: the Lock it joined may have kept no queue, or have
