@@ -478,8 +478,19 @@ func (c *Client) exchange(ctx context.Context, pin *Conn, p *pending, corr [16]b
 			}
 			return result{}, pin.notSent()
 		}
+		// paho keeps a PUBLISH it has sent in its session, counted against
+		// the broker's Receive Maximum, until the PUBACK (on this
+		// connection or, resent, on the next), even once Publish has
+		// returned on a context that ended. So the slot is held as long:
+		// the publish ends with the PUBACK, the session or Close, not
+		// with ctx.
+		// Otherwise requests given up on under load would let more than
+		// the slots into paho's quota, and the next ones would queue in
+		// paho, which reports on stdout a request whose context ends
+		// there. The request's deadline still goes with it, as its
+		// message expiry.
 		if !c.spawn(func() {
-			pr, err := c.cm.Publish(ctx, pub)
+			pr, err := c.cm.Publish(c.ctx, pub)
 			st.conn.releaseSlot()
 			unbind()
 			done <- pubResult{pr, err}
