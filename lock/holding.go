@@ -25,6 +25,9 @@ type holding struct {
 
 	writeMu sync.Mutex // one write (renewal, SetValue) or confirmation at a time
 	watch   *waitWatch // the waiter's watch, for the guard to go on with; may be nil
+	// stopGuard ends the guard's watch when the holding ends; nil while
+	// there is none. Guarded by mu.
+	stopGuard func()
 
 	mu      sync.Mutex
 	ended   bool
@@ -165,12 +168,31 @@ func (h *holding) endWith(cause error) bool {
 		return false
 	}
 	h.ended = true
+	stop := h.stopGuard
+	h.stopGuard = nil
 	h.mu.Unlock()
 	h.cancel(cause)
+	if stop != nil {
+		stop()
+	}
 	if h.sched != nil {
 		h.sched.remove(h)
 	}
 	return true
+}
+
+// keepGuard has the end of the holding end the guard's watch with stop, or
+// calls stop at once if the holding has ended. The watch is tied to no
+// context: that would cost each holding an AfterFunc.
+func (h *holding) keepGuard(stop func()) {
+	h.mu.Lock()
+	if !h.ended {
+		h.stopGuard = stop
+		h.mu.Unlock()
+		return
+	}
+	h.mu.Unlock()
+	stop()
 }
 
 // lose ends the holding as lost for reason.
@@ -400,21 +422,24 @@ func (h *holding) guard() {
 			return
 		}
 		// The watch ends with the holding.
-		context.AfterFunc(h.ctx, ww.cancel)
+		h.keepGuard(ww.cancel)
 		return
 	}
 	go func() {
-		// No Stop: the watch ends with h.ctx, and its KEYNOTIFY STOP goes
-		// out in the background. Stop would wait for the STOP's answer, and
-		// the end of the holding (Unlock, Resign) with it: up to the
-		// client's RequestTimeout when that answer is lost.
-		if _, err := l.c.WatchFunc(h.ctx, l.cfg.Name, h.judge, h.guardEnded); err != nil {
+		// h.ctx bounds the registration; the end of the holding ends the
+		// watch (keepGuard). The Stop of a callback watch does not wait for
+		// the answer to its KEYNOTIFY STOP, which goes out in the
+		// background: the end of the holding (Unlock, Resign) does not wait
+		// for it either.
+		w, err := l.c.WatchFuncDetached(h.ctx, l.cfg.Name, h.judge, h.guardEnded)
+		if err != nil {
 			if h.ctx.Err() == nil {
 				l.log.Debug("cannot watch the held key; renewals alone guard it", "error", err)
 			}
 			close(h.guards)
 			return
 		}
+		h.keepGuard(w.Stop)
 		// The watch reports changes after it was set up; one made while it
 		// was, shows in a confirmation.
 		h.askConfirm()

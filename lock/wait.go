@@ -203,27 +203,26 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 }
 
 // watchKey starts a waiter's watch of the key, and returns it with the
-// function that ends it. The watch is tied to ctx only until it is
-// registered: the wait ends it when it returns, unless a FenceKey holding
-// takes it over (see holding.guard), and then it lasts as long as the
-// holding.
+// function that ends it (at once: the client unregisters it in the
+// background). ctx bounds only the registration (sskv.WatchDetached): the
+// wait ends the watch when it returns, unless a FenceKey holding takes it
+// over (see holding.guard), and then it lasts as long as the holding. So a
+// sleeping waiter's watch costs no context of its own.
 func (l *Lock) watchKey(ctx context.Context) (*sskv.Watcher, context.CancelFunc, error) {
-	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	stop := context.AfterFunc(ctx, cancel)
 	// A lost answer to the KEYNOTIFY must not keep the waiter from checking
 	// for the client's RequestTimeout: after a TTL, give up on this watch
 	// and check again.
-	slow := time.AfterFunc(l.cfg.TTL, cancel)
-	w, err := l.c.Watch(wctx, l.cfg.Name)
-	slow.Stop() // if it fired after Watch returned, the watch ends and is set up again
-	if !stop() && err == nil {
-		err = ctx.Err() // ctx ended as the watch was registered; cancel ends it
+	rctx, cancel := context.WithTimeout(ctx, l.cfg.TTL)
+	w, err := l.c.WatchDetached(rctx, l.cfg.Name)
+	cancel()
+	if err == nil && ctx.Err() != nil {
+		go w.Stop()
+		err = ctx.Err() // ctx ended as the watch was registered
 	}
 	if err != nil {
-		cancel()
 		return nil, nil, err
 	}
-	return w, cancel, nil
+	return w, func() { go w.Stop() }, nil
 }
 
 // resetTimer resets t to fire after d, making it if it is nil.

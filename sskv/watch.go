@@ -169,7 +169,7 @@ func (reg *registration) beginResync() {
 // when ctx is done, Stop is called, the Client is closed, or the service
 // refuses to register it again after a reconnect; [Watcher.Err] says which.
 func (c *Client) Watch(ctx context.Context, key string) (*Watcher, error) {
-	return c.watch(ctx, key, nil, nil)
+	return c.watch(ctx, key, nil, nil, false)
 }
 
 // WatchFunc is [Client.Watch] with a function in place of the Events
@@ -196,16 +196,39 @@ func (c *Client) Watch(ctx context.Context, key string) (*Watcher, error) {
 // If WatchFunc returns an error, done is never called and f is not called
 // after it returned.
 func (c *Client) WatchFunc(ctx context.Context, key string, f func(Event), done func(error)) (*Watcher, error) {
+	return c.watchFunc(ctx, key, f, done, false)
+}
+
+// WatchDetached is [Client.Watch] with ctx bounding only the registration:
+// once WatchDetached has returned, the watch lasts until [Watcher.Stop] is
+// called, the Client is closed, or the service refuses to register it
+// again after a reconnect, whatever ctx does. A watch that lasts as long as
+// something other than a context (a lease, say) so costs no context of its
+// own and nothing registered with ctx.
+func (c *Client) WatchDetached(ctx context.Context, key string) (*Watcher, error) {
+	return c.watch(ctx, key, nil, nil, true)
+}
+
+// WatchFuncDetached is [Client.WatchFunc] with ctx bounding only the
+// registration, as for [Client.WatchDetached]: once it has returned, the
+// watch lasts until Stop, Close or a refused re-registration.
+func (c *Client) WatchFuncDetached(ctx context.Context, key string, f func(Event), done func(error)) (*Watcher, error) {
+	return c.watchFunc(ctx, key, f, done, true)
+}
+
+func (c *Client) watchFunc(ctx context.Context, key string, f func(Event), done func(error), detached bool) (*Watcher, error) {
 	if f == nil {
 		return nil, keyErr("watch", key, errors.New("nil function"))
 	}
 	if done == nil {
 		done = func(error) {}
 	}
-	return c.watch(ctx, key, f, done)
+	return c.watch(ctx, key, f, done, detached)
 }
 
-func (c *Client) watch(ctx context.Context, key string, f func(Event), done func(error)) (*Watcher, error) {
+// watch registers a watcher of key. Unless detached, ctx also bounds the
+// life of the watch.
+func (c *Client) watch(ctx context.Context, key string, f func(Event), done func(error), detached bool) (*Watcher, error) {
 	w, reg, err := c.attach(ctx, key, f)
 	if err != nil {
 		return nil, keyErr("watch", key, err)
@@ -221,7 +244,9 @@ func (c *Client) watch(ctx context.Context, key string, f func(Event), done func
 	}
 	c.wmu.Lock()
 	if !w.ended {
-		w.stopAfter = context.AfterFunc(ctx, func() { w.end(ctx.Err(), true) })
+		if !detached {
+			w.stopAfter = context.AfterFunc(ctx, func() { w.end(ctx.Err(), true) })
+		}
 		w.onDone = done // from now on the end is reported
 	}
 	err = w.err
