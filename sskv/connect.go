@@ -76,6 +76,9 @@ type Client struct {
 	pmu     sync.Mutex
 	pending map[[16]byte]*pending
 	bound   map[[16]byte]uint64 // requests bound to a Conn, while paho handles them: the Conn's sessionStore sequence number
+	// The most entries pending and bound held since they were last made:
+	// see shrunk.
+	pendingPeak, boundPeak int
 
 	wmu      sync.Mutex
 	nseq     atomic.Uint64 // notifications routed so far

@@ -3,6 +3,7 @@ package sskv
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"golang.org/x/sync/semaphore"
@@ -42,6 +43,15 @@ type Conn struct {
 	// waiting for a slot hangs on it without a goroutine of its own.
 	lost    context.Context
 	endLost context.CancelFunc // ends lost
+
+	// waiting ends the requests waiting for a slot when the connection is
+	// lost: not AfterFuncs of lost, since a context keeps the room of the
+	// most children it ever had, and a burst of waiters would leave it in
+	// the heap for as long as the connection lasts. nil while none waits.
+	wmu      sync.Mutex
+	waiting  map[uint64]context.CancelFunc
+	nwaiting uint64 // waiters so far: their keys in waiting
+	gone     bool   // markLost has run
 }
 
 func newConn(c *Client, gen, seq uint64, outage bool, recvMax uint16) *Conn {
@@ -72,8 +82,26 @@ func (cn *Conn) acquireSlot(ctx context.Context) bool {
 	defer cancel()
 	// No goroutine: when a burst of requests waits for slots, a goroutine
 	// each would stay on as heap (the runtime keeps a goroutine's g).
-	stop := context.AfterFunc(cn.lost, cancel)
-	defer stop()
+	cn.wmu.Lock()
+	if cn.gone {
+		cn.wmu.Unlock()
+		return false
+	}
+	if cn.waiting == nil {
+		cn.waiting = make(map[uint64]context.CancelFunc)
+	}
+	cn.nwaiting++
+	id := cn.nwaiting
+	cn.waiting[id] = cancel
+	cn.wmu.Unlock()
+	defer func() {
+		cn.wmu.Lock()
+		delete(cn.waiting, id)
+		if len(cn.waiting) == 0 {
+			cn.waiting = nil // made anew for the next burst: see waiting
+		}
+		cn.wmu.Unlock()
+	}()
 	return cn.slots.Acquire(ctx, 1) == nil
 }
 
@@ -84,6 +112,13 @@ func (cn *Conn) releaseSlot() { cn.slots.Release(1) }
 func (cn *Conn) markLost() {
 	if cn != nil {
 		cn.endLost()
+		cn.wmu.Lock()
+		waiting := cn.waiting
+		cn.waiting, cn.gone = nil, true
+		cn.wmu.Unlock()
+		for _, cancel := range waiting {
+			cancel()
+		}
 	}
 }
 

@@ -254,6 +254,7 @@ func (c *Client) register(p *pending) [16]byte {
 		c.pmu.Lock()
 		if _, dup := c.pending[corr]; !dup {
 			c.pending[corr] = p
+			c.pendingPeak = max(c.pendingPeak, len(c.pending))
 			c.pmu.Unlock()
 			return corr
 		}
@@ -267,8 +268,26 @@ func (c *Client) unregister(corr [16]byte) bool {
 	c.pmu.Lock()
 	_, ok := c.pending[corr]
 	delete(c.pending, corr)
+	c.pending = shrunk(c.pending, &c.pendingPeak)
 	c.pmu.Unlock()
 	return ok
+}
+
+// shrinkAbove is the size above which a map of the requests in flight is
+// made anew once it is empty (see shrunk).
+const shrinkAbove = 64
+
+// shrunk returns m, or a new empty map if m is empty and held more than
+// shrinkAbove entries since it was made (peak, which it then resets). A Go
+// map keeps the room of the most entries it ever held: a burst of
+// requests (a thousand campaigns starting at once) would otherwise leave
+// its peak in the heap for good.
+func shrunk[K comparable, V any](m map[K]V, peak *int) map[K]V {
+	if len(m) > 0 || *peak <= shrinkAbove {
+		return m
+	}
+	*peak = 0
+	return make(map[K]V)
 }
 
 // complete delivers res to the request with correlation data corr, if it is
@@ -277,6 +296,7 @@ func (c *Client) complete(corr [16]byte, res result) bool {
 	c.pmu.Lock()
 	p := c.pending[corr]
 	delete(c.pending, corr)
+	c.pending = shrunk(c.pending, &c.pendingPeak)
 	c.pmu.Unlock()
 	if p == nil {
 		return false
@@ -296,6 +316,7 @@ func (c *Client) failPending(match func(*pending) bool, err error) int {
 			failed = append(failed, p)
 		}
 	}
+	c.pending = shrunk(c.pending, &c.pendingPeak)
 	c.pmu.Unlock()
 	for _, p := range failed {
 		p.ch <- result{err: err}
@@ -449,6 +470,7 @@ func (c *Client) exchange(ctx context.Context, pin *Conn, p *pending, corr [16]b
 		if pin != nil {
 			c.pmu.Lock()
 			c.bound[corr] = pin.seq
+			c.boundPeak = max(c.boundPeak, len(c.bound))
 			c.pmu.Unlock()
 		}
 		done := make(chan pubResult, 1)
@@ -456,6 +478,7 @@ func (c *Client) exchange(ctx context.Context, pin *Conn, p *pending, corr [16]b
 			if pin != nil {
 				c.pmu.Lock()
 				delete(c.bound, corr)
+				c.bound = shrunk(c.bound, &c.boundPeak)
 				c.pmu.Unlock()
 			}
 		}
