@@ -203,20 +203,52 @@ func (l *Lock) Lock(ctx context.Context) error {
 type boundCall struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
+	parent context.Context    // the caller's context, which ctx was made of
+	sub    context.CancelFunc // ends the context until made of parent, while it is in use
 }
 
 // bind returns ctx, also ended by Close (with cause ErrClosed); unbind
 // releases it.
 func (l *Lock) bind(ctx context.Context) context.Context {
-	ctx, cancel := context.WithCancelCause(ctx)
+	bctx, cancel := context.WithCancelCause(ctx)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closing {
 		cancel(ErrClosed)
 	} else {
-		l.bound = append(l.bound, boundCall{ctx, cancel})
+		l.bound = append(l.bound, boundCall{ctx: bctx, cancel: cancel, parent: ctx})
 	}
-	return ctx
+	return bctx
+}
+
+// until returns a context of the call whose context (from bind) is ctx,
+// ended also at deadline, and the function that releases it. It is made
+// of the caller's context rather than of ctx, and Close ends it after ctx:
+// a child of ctx would leave ctx the map of its children (a few hundred
+// bytes) for as long as the call lasts, a waiter's as long as it sleeps.
+// For a context bind did not return, or while the call has another in
+// use, it is a child of ctx.
+func (l *Lock) until(ctx context.Context, deadline time.Time) (context.Context, context.CancelFunc) {
+	l.mu.Lock()
+	i := slices.IndexFunc(l.bound, func(b boundCall) bool { return b.ctx == ctx })
+	if i < 0 || l.bound[i].sub != nil {
+		l.mu.Unlock()
+		return context.WithDeadline(ctx, deadline)
+	}
+	sctx, cancel := context.WithDeadline(l.bound[i].parent, deadline)
+	l.bound[i].sub = cancel
+	l.mu.Unlock()
+	if ctx.Err() != nil { // ended before it was in the list: Close, say
+		cancel()
+	}
+	return sctx, func() {
+		cancel()
+		l.mu.Lock()
+		if i := slices.IndexFunc(l.bound, func(b boundCall) bool { return b.ctx == ctx }); i >= 0 {
+			l.bound[i].sub = nil
+		}
+		l.mu.Unlock()
+	}
 }
 
 // unbind releases a context bind returned.
@@ -243,6 +275,13 @@ func (l *Lock) endCalls() {
 	l.mu.Unlock()
 	for _, b := range bound {
 		b.cancel(ErrClosed)
+	}
+	// After the calls' own contexts: a call that finds its context from
+	// until ended sees its own ended too.
+	for _, b := range bound {
+		if b.sub != nil {
+			b.sub()
+		}
 	}
 }
 
@@ -476,7 +515,7 @@ func (l *Lock) attemptFenced(ctx context.Context, cn *sskv.Conn, ft hlc.Timestam
 	// An answer after the renew deadline could promise nothing (see below),
 	// so waiting longer for it only delays the next attempt: a lost answer
 	// would otherwise hold this Lock for the client's RequestTimeout.
-	actx, cancel := context.WithDeadline(ctx, sent.Add(l.cfg.RenewDeadline))
+	actx, cancel := l.until(ctx, sent.Add(l.cfg.RenewDeadline))
 	res, err := cn.Set(actx, l.cfg.Name, rec, sskv.SetOptions{
 		Condition:    sskv.IfEqualOrNotExists,
 		Expiry:       l.cfg.TTL,
@@ -506,7 +545,7 @@ func (l *Lock) attemptFenced(ctx context.Context, cn *sskv.Conn, ft hlc.Timestam
 	if l.cfg.FenceKey {
 		rec = l.record(token, val)
 		l.undo = append(l.undo, undoDel{rec: rec, ft: token})
-		fctx, cancel := context.WithDeadline(ctx, sent.Add(l.cfg.RenewDeadline))
+		fctx, cancel := l.until(ctx, sent.Add(l.cfg.RenewDeadline))
 		fres, err := cn.Set(fctx, l.cfg.Name, rec, sskv.SetOptions{
 			Expiry:       l.cfg.TTL,
 			FencingToken: token,
@@ -554,7 +593,7 @@ func (l *Lock) giveBack(ctx context.Context) error {
 		// A lost answer must not hold up the next attempt for the client's
 		// RequestTimeout: after a TTL, try again (a repeated VDEL is
 		// harmless).
-		vctx, cancel := context.WithTimeout(ctx, l.cfg.TTL)
+		vctx, cancel := l.until(ctx, time.Now().Add(l.cfg.TTL))
 		_, err := l.c.VDel(vctx, l.cfg.Name, u.rec, sskv.DelOptions{FencingToken: u.ft})
 		cancel()
 		if err != nil && !errors.Is(err, sskv.ErrFencingTokenRequired) && !errors.Is(err, sskv.ErrFencingTokenLower) {

@@ -212,7 +212,7 @@ func (l *Lock) watchKey(ctx context.Context) (*sskv.Watcher, context.CancelFunc,
 	// A lost answer to the KEYNOTIFY must not keep the waiter from checking
 	// for the client's RequestTimeout: after a TTL, give up on this watch
 	// and check again.
-	rctx, cancel := context.WithTimeout(ctx, l.cfg.TTL)
+	rctx, cancel := l.until(ctx, time.Now().Add(l.cfg.TTL))
 	w, err := l.c.WatchDetached(rctx, l.cfg.Name)
 	cancel()
 	if err == nil && ctx.Err() != nil {
