@@ -30,9 +30,10 @@ type Lock struct {
 	cfg Config
 	log *slog.Logger
 
-	turn  chan struct{} // holds a token while an acquisition or release runs
-	calls callbacks     // runs OnRenewal off the renewer
-	nonce string        // makes the record of an acquisition under way this Lock's own
+	// calls runs OnRenewal off the renewer; made at the first renewal
+	// that reports to it (see callbacks).
+	calls atomic.Pointer[callbacks]
+	nonce string // makes the record of an acquisition under way this Lock's own
 	// undo lists the deletes that give the key back after an acquisition
 	// whose outcome is unknown. Guarded by the turn.
 	undo []undoDel
@@ -59,6 +60,11 @@ type Lock struct {
 	bound   []boundCall
 	closing bool // Close has started
 	closed  bool
+	// busy: an acquisition or release runs (it has the turn: see begin).
+	// Those waiting for the turn wait for turnFree, made only then: a
+	// Lock's calls seldom overlap.
+	busy     bool
+	turnFree chan struct{}
 }
 
 // undoDel is a VDEL that gives the key back if it still holds rec.
@@ -82,7 +88,6 @@ func New(c *sskv.Client, cfg Config) (*Lock, error) {
 		c:     c,
 		cfg:   cfg,
 		log:   lockLogger(&cfg),
-		turn:  make(chan struct{}, 1),
 		val:   bytes.Clone(cfg.Value),
 		nonce: randomHex(8),
 	}
@@ -457,27 +462,50 @@ func (l *Lock) Holder(ctx context.Context) (Holder, error) {
 // begin takes the Lock's turn for an acquisition or release.
 func (l *Lock) begin(ctx context.Context) error {
 	l.mu.Lock()
-	closed := l.closed
-	l.mu.Unlock()
-	if closed { // whatever ctx says
-		return l.wrap("", ErrClosed)
+	for {
+		if l.closed { // whatever ctx says
+			l.mu.Unlock()
+			return l.wrap("", ErrClosed)
+		}
+		if !l.busy {
+			l.busy = true
+			l.mu.Unlock()
+			return nil
+		}
+		if l.turnFree == nil {
+			l.turnFree = make(chan struct{})
+		}
+		free := l.turnFree
+		l.mu.Unlock()
+		select {
+		case <-free:
+		case <-ctx.Done():
+			return l.wrap("", ctx.Err())
+		}
+		l.mu.Lock()
 	}
-	select {
-	case l.turn <- struct{}{}:
-	case <-ctx.Done():
-		return l.wrap("", ctx.Err())
-	}
-	l.mu.Lock()
-	closed = l.closed
-	l.mu.Unlock()
-	if closed {
-		<-l.turn
-		return l.wrap("", ErrClosed)
-	}
-	return nil
 }
 
-func (l *Lock) end() { <-l.turn }
+// end gives the turn back.
+func (l *Lock) end() {
+	l.mu.Lock()
+	l.busy = false
+	if l.turnFree != nil {
+		close(l.turnFree) // those waiting try again
+		l.turnFree = nil
+	}
+	l.mu.Unlock()
+}
+
+// callbacks returns the Lock's runner of callbacks, made at its first use:
+// a Lock that never holds (a candidate that never leads) needs none.
+func (l *Lock) callbacks() *callbacks {
+	if c := l.calls.Load(); c != nil {
+		return c
+	}
+	l.calls.CompareAndSwap(nil, new(callbacks))
+	return l.calls.Load()
+}
 
 func (l *Lock) holding() *holding {
 	l.mu.Lock()

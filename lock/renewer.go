@@ -231,7 +231,7 @@ func (r *renewer) work(h *holding, confirmOnly bool) {
 				rerr = h.err()
 			}
 			latency := time.Since(sent)
-			l.calls.do(func() { f(latency, rerr) })
+			l.callbacks().do(func() { f(latency, rerr) })
 		}
 		iv := l.cfg.RenewInterval
 		switch {
