@@ -188,6 +188,10 @@
 // watch (as in etcd's Watch). When it ends, the channel closes at once and
 // the service's registration is ended in the background; [Watcher.Stop]
 // instead returns only after the service has been told.
+// [Client.WatchDetached] and [Client.WatchFuncDetached] take a context that
+// bounds only the registration: the watch then lasts until Stop, for a
+// watch that ends with something other than a context (a lease, say), at
+// no cost of a context of its own.
 //
 // [Client.WatchFunc] is Watch with a function in place of the channel: it
 // calls f with each event, one at a time, in order, and done once when the
