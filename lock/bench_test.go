@@ -5,9 +5,13 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
+	"github.com/dsslock/dsslock/faultproxy"
 	"github.com/dsslock/dsslock/internal/storetest"
 	"github.com/dsslock/dsslock/lock"
 	"github.com/dsslock/dsslock/sskv"
@@ -251,4 +255,83 @@ func BenchmarkSemaphoreBesideHolder(b *testing.B) {
 		}
 	}
 	acquireRelease(b, srv, dial(b, srv.Addr()), cfg)
+}
+
+// Reconnect: DSSLOCK_BENCH_HOLDINGS holdings (default 2,000; issue 17's
+// scale is 20,000) of TTL 10 s on one client, whose connection is cut (the
+// store stays up) half a TTL after they were taken, when each has renewed
+// once or is about to. Every
+// holding must confirm its key (a GET) and renew on the next connection
+// before its renew deadline. Reported: the most holdings lost in a round,
+// and the time from the cut until as many renewals as holdings have
+// succeeded on the next connection.
+//
+//	DSSLOCK_BENCH_HOLDINGS=20000 go test -run '^$' -bench Reconnect -benchtime 1x ./lock/
+func BenchmarkReconnect(b *testing.B) {
+	n := 2000
+	if v := os.Getenv("DSSLOCK_BENCH_HOLDINGS"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 1 {
+			b.Fatalf("DSSLOCK_BENCH_HOLDINGS=%q", v)
+		}
+	}
+	const ttl = 10 * time.Second
+	ctx := testCtx(b)
+	var lost, recovery []time.Duration
+	for b.Loop() {
+		srv := startStore(b)
+		proxy, err := faultproxy.Start(srv.Addr(), faultproxy.Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		c := dial(b, proxy.Addr())
+		var cut atomic.Int64 // UnixNano of the cut; 0 before it
+		var renewed atomic.Int64
+		all := make(chan struct{})
+		ls := make([]*lock.Lock, n)
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(64)
+		for i := range ls {
+			ls[i] = newLock(b, c, lock.Config{Name: fmt.Sprintf("l%d", i), TTL: ttl,
+				OnRenewal: func(_ time.Duration, err error) {
+					if err == nil && cut.Load() != 0 && renewed.Add(1) == int64(n) {
+						close(all)
+					}
+				}})
+			g.Go(func() error {
+				if ok, err := ls[i].TryLock(gctx); !ok || err != nil {
+					return fmt.Errorf("TryLock = %v, %v", ok, err)
+				}
+				return nil
+			})
+		}
+		if err := g.Wait(); err != nil {
+			b.Fatal(err)
+		}
+		time.Sleep(ttl / 2) // renewals under way, deadlines spread
+		cut.Store(time.Now().UnixNano())
+		proxy.Cut()
+		gone := 0
+		select {
+		case <-all:
+			recovery = append(recovery, time.Since(time.Unix(0, cut.Load())))
+		case <-time.After(ttl):
+		}
+		for _, l := range ls {
+			if l.Err() != nil {
+				gone++
+			}
+			_ = l.Close(ctx)
+		}
+		lost = append(lost, time.Duration(gone))
+		_ = proxy.Close()
+	}
+	var most time.Duration
+	for _, d := range lost {
+		most = max(most, d)
+	}
+	b.ReportMetric(float64(most), "lost")
+	if len(recovery) > 0 {
+		reportPercentiles(b, recovery, "recovery-ms")
+	}
 }

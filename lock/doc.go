@@ -34,7 +34,12 @@
 // while a holding still renews no more often than RenewInterval asks.
 // Renewals due within a hundredth of RenewInterval (at most 20 ms) of one
 // that is due go out with it, as one burst: that costs the client and the
-// store less than the same requests one at a time.
+// store less than the same requests one at a time. At most 256 renewals of
+// a client are in flight at once; when more are due (every holding after a
+// reconnect, each confirming its key and then renewing), they wait in
+// order of their renew deadlines, so that those closest to it go first:
+// BenchmarkReconnect cuts the connection of a client holding 20,000 locks,
+// and none is lost.
 //
 // # Waiting, and the order of waiters
 //

@@ -17,10 +17,17 @@ import (
 // them in a heap ordered by when each needs attention next (its renewal, or
 // its renew deadline while a renewal is under way), and runs one goroutine,
 // only while some holding lasts, that sleeps on one timer until the first of
-// them. Each renewal due runs on a goroutine of its own while it is in
-// flight, so renewals are pipelined on the client's connection and a slow
-// one holds up no other. An idle holding costs an entry in the heap: no
-// goroutine and no timer.
+// them. Renewals due go to a pool of at most maxRenewWorkers goroutines,
+// which exist only while renewals wait or are in flight: renewals are
+// pipelined on the client's connection and a slow one holds up no other.
+// An idle holding costs an entry in the heap: no goroutine and no timer.
+//
+// When more renewals are due than the pool takes at once (every holding
+// after a reconnect, each a GET that confirms its key and then its SET),
+// they wait in order of their renew deadlines, and a worker takes a
+// holding's confirmation and renewal together: the holdings closest to
+// their deadlines are renewed first, rather than all of them near the end
+// of the burst.
 //
 // Every guarantee of a holding is its own: its renew deadline is checked on
 // the monotonic clock when the heap says it has come (and by every
@@ -31,10 +38,18 @@ type renewer struct {
 
 	mu      sync.Mutex
 	queue   renewHeap
+	ready   readyHeap  // holdings due, waiting for a worker, by renew deadline
+	workers int        // worker goroutines running (at most maxRenewWorkers)
 	running bool       // run is running
-	busy    int        // renewals in flight
+	busy    int        // renewals waiting for a worker or in flight
 	conn    *sskv.Conn // a connection the holdings write on, watched for its loss
 }
+
+// maxRenewWorkers bounds the renewals (or confirmations and renewals) of
+// one client in flight at once: a quarter of the local store's Receive
+// Maximum, leaving room for other requests. It is reached only by a burst,
+// such as every holding after a reconnect.
+const maxRenewWorkers = 256
 
 // renewerKey is the key of a client's renewer (sskv.Client.Shared).
 type renewerKey struct{}
@@ -174,12 +189,34 @@ func (r *renewer) attend(h *holding, now time.Time) {
 	default:
 		h.busy = true
 		r.busy++
-		h.due = expires // the deadline, while the renewal is in flight
-		confirmOnly := h.pokeReq && now.Before(h.renewAt)
+		h.due = expires // the deadline, while the renewal waits or is in flight
+		h.confirmOnly = h.pokeReq && now.Before(h.renewAt)
 		h.pokeReq = false
-		go r.work(h, confirmOnly)
+		h.readyBy = expires
+		heap.Push(&r.ready, h)
+		if r.workers < maxRenewWorkers {
+			r.workers++
+			go r.worker()
+		}
 	}
 	heap.Push(&r.queue, h)
+}
+
+// worker renews the holdings due, the one with the earliest renew deadline
+// first, until none waits.
+func (r *renewer) worker() {
+	for {
+		r.mu.Lock()
+		if len(r.ready) == 0 {
+			r.workers--
+			r.mu.Unlock()
+			return
+		}
+		h := heap.Pop(&r.ready).(*holding)
+		confirmOnly := h.confirmOnly
+		r.mu.Unlock()
+		r.work(h, confirmOnly)
+	}
 }
 
 // connectionLost has every holding whose connection was lost renew (after
@@ -311,15 +348,33 @@ func (q *renewHeap) Pop() any {
 	return h
 }
 
+// readyHeap orders the holdings due by renew deadline.
+type readyHeap []*holding
+
+func (q readyHeap) Len() int           { return len(q) }
+func (q readyHeap) Less(i, j int) bool { return q[i].readyBy.Before(q[j].readyBy) }
+func (q readyHeap) Swap(i, j int)      { q[i], q[j] = q[j], q[i] }
+func (q *readyHeap) Push(x any)        { *q = append(*q, x.(*holding)) }
+func (q *readyHeap) Pop() any {
+	old := *q
+	n := len(old)
+	h := old[n-1]
+	old[n-1] = nil
+	*q = old[:n-1]
+	return h
+}
+
 // scheduling is a holding's place in its renewer, guarded by the renewer's
 // mutex.
 type scheduling struct {
-	index   int       // in the heap; -1 when not in it
-	due     time.Time // when the renewer attends to it next
-	renewAt time.Time // when its next renewal is due
-	busy    bool      // a renewal (or confirmation) is in flight
-	pokeReq bool      // confirm the key now
-	retry   *backoff.ExponentialBackOff
+	index       int       // in the heap; -1 when not in it
+	due         time.Time // when the renewer attends to it next
+	renewAt     time.Time // when its next renewal is due
+	readyBy     time.Time // while busy: the renew deadline it waits for a worker by
+	busy        bool      // a renewal (or confirmation) waits for a worker or is in flight
+	confirmOnly bool      // while busy: only confirm the key
+	pokeReq     bool      // confirm the key now
+	retry       *backoff.ExponentialBackOff
 }
 
 // maxBatchWindow bounds how early a renewal goes out to join a batch: a
