@@ -209,6 +209,9 @@ func (r *renewer) worker() {
 		r.mu.Lock()
 		if len(r.ready) == 0 {
 			r.workers--
+			if cap(r.ready) > maxRenewWorkers {
+				r.ready = nil // a burst's room is not kept
+			}
 			r.mu.Unlock()
 			return
 		}
