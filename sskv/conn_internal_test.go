@@ -15,12 +15,15 @@ import (
 // countingConn counts the writes that reach the socket.
 type countingConn struct {
 	net.Conn
-	writes atomic.Int64
-	fail   error
+	writes  atomic.Int64
+	fail    error
+	writing chan struct{} // if not nil, closed at the first write
 }
 
 func (c *countingConn) Write(b []byte) (int, error) {
-	c.writes.Add(1)
+	if c.writes.Add(1) == 1 && c.writing != nil {
+		close(c.writing)
+	}
 	if c.fail != nil {
 		return 0, c.fail
 	}
@@ -42,34 +45,24 @@ func TestConnWritesPacketsTogether(t *testing.T) {
 	const n = 50
 	local, remote := net.Pipe()
 	defer remote.Close()
-	cc := &countingConn{Conn: local}
+	cc := &countingConn{Conn: local, writing: make(chan struct{})}
 	mc := newMQTTConn(cc, cc, 0, time.Minute)
 	defer mc.Close()
 
 	// The first packet's write blocks: nobody reads the pipe yet.
 	first := make(chan error, 1)
 	go func() { _, err := publishPacket(0).WriteTo(mc); first <- err }()
-	for cc.writes.Load() == 0 {
-		time.Sleep(time.Millisecond) // polls the write count; nothing to wait on
-	}
+	<-cc.writing
 	var wg sync.WaitGroup
 	for i := 1; i < n; i++ {
-		mc.Lock() // each packet is queued in turn, so the order is known
-		_, err := publishPacket(i).WriteTo(writerOnly{mc})
-		if err != nil {
+		// The lock held here, each packet is queued in turn before its
+		// writer waits in Unlock, so the order is known.
+		mc.Lock()
+		if _, err := publishPacket(i).WriteTo(writerOnly{mc}); err != nil {
 			t.Fatal(err)
 		}
 		wg.Add(1)
 		go func() { defer wg.Done(); mc.Unlock() }()
-		for {
-			mc.gmu.Lock()
-			q := mc.queuedSeq
-			mc.gmu.Unlock()
-			if q == uint64(i+1) {
-				break
-			}
-			time.Sleep(time.Millisecond)
-		}
 	}
 
 	got := make(chan error, 1)
