@@ -335,3 +335,45 @@ func writeFile(t testing.TB, path, content string) {
 		t.Fatal(err)
 	}
 }
+
+// A detached watch outlives the context of its registration: it reports
+// changes after that context ended, and ends with Stop.
+func TestWatchDetachedOutlivesContext(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	c := dial(t, srv)
+	other := dial(t, srv)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	w, err := c.WatchDetached(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []sskv.Event
+	done := make(chan error, 1)
+	wf, err := c.WatchFuncDetached(ctx, "k", func(ev sskv.Event) { got = append(got, ev) }, func(err error) { done <- err })
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if _, err := other.Set(testCtx(t), "k", []byte("after"), sskv.SetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if ev := nextEvent(t, w); ev.Op != sskv.OpSet || string(ev.Value) != "after" {
+		t.Fatalf("event %+v, want the SET made after the context ended", ev)
+	}
+	w.Stop()
+	if _, ok := <-w.Events(); ok {
+		t.Fatal("event after Stop")
+	}
+	if w.Err() != nil {
+		t.Fatalf("Err after Stop = %v, want nil", w.Err())
+	}
+	wf.Stop() // returns once f has returned for the last time
+	if err := <-done; err != nil {
+		t.Fatalf("done(%v) after Stop, want nil", err)
+	}
+	if len(got) != 1 || string(got[0].Value) != "after" {
+		t.Fatalf("WatchFuncDetached saw %+v, want the one SET", got)
+	}
+	eventually(t, "the registration to end", func() bool { return !srv.Watching(c.ID(), "k") })
+}
