@@ -448,3 +448,61 @@ func TestWatchAcrossRestartWithClockBehind(t *testing.T) {
 		t.Fatalf("event %+v after the restart, want Resync of the new store's SET at %v", ev, set.Version)
 	}
 }
+
+// TestNoRepeatedResyncWhileForwarding is TestNoRepeatedResync with the race
+// that test depends on pinned down: the watcher's forwarder still holds the
+// Resync to v4, waiting for the reader, when the restore ends and v5 is set.
+// A watcher already told v4 is owed nothing by the restore, so v5 comes as a
+// plain SET once the reader reads again, not as a second Resync.
+func TestNoRepeatedResyncWhileForwarding(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	c := dial(t, srv, func(cfg *sskv.Config) { cfg.WatchBuffer = 2 })
+	other := dial(t, srv)
+	ctx := testCtx(t)
+	w, err := c.Watch(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	set := func(v string) sskv.SetResult {
+		t.Helper()
+		r, err := other.Set(ctx, "k", []byte(v), sskv.SetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	learn := func(what string, r sskv.SetResult) {
+		t.Helper()
+		eventually(t, "the client to learn "+what, func() bool { v, _ := sskv.KnownForTest(c, "k"); return v == r.Version })
+	}
+	want := func(value string, resync bool) {
+		t.Helper()
+		if ev := nextEvent(t, w); ev.Resync != resync || string(ev.Value) != value {
+			t.Fatalf("event %+v, want %s (Resync %v)", ev, value, resync)
+		}
+	}
+	// Nobody reads: v1 waits in Events, the forwarder holds v2, v3 is
+	// buffered, and v3b overflows: a Resync is owed.
+	for _, v := range []string{"v1", "v2", "v3"} {
+		set(v)
+	}
+	learn("v3b", set("v3b"))
+	// Reconnect with slow answers; v4 is set while the watch is restored.
+	srv.SetResponseFault(c.ID(), localstore.ResponseFault{Delay: 400 * time.Millisecond})
+	if err := srv.Kick(c.ID()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the watch to be registered again", func() bool { return srv.Watching(c.ID(), "k") })
+	learn("v4", set("v4"))
+	// Reading v1 and v2 lets the forwarder take v3 and then the Resync
+	// owed, to v4, which it holds: Events holds v3.
+	want("v1", false)
+	want("v2", false)
+	eventually(t, "the restore to end", func() bool { _, resyncing := sskv.KnownForTest(c, "k"); return !resyncing })
+	srv.SetResponseFault(c.ID(), localstore.ResponseFault{})
+	learn("v5", set("v5"))
+	want("v3", false)
+	want("v4", true)
+	want("v5", false) // the Resync to v4 was delivered already
+}

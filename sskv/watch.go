@@ -417,7 +417,14 @@ func (c *Client) syncReg(ctx context.Context, reg *registration, cn *Conn) error
 	var calls deliveries
 	if !reg.known.same(reg.base) {
 		for _, w := range reg.watchers {
-			calls.add(w.markResync())
+			// A watcher already told the latest state (by a Resync owed
+			// for an overflow, delivered during the restore) is owed
+			// nothing: marking it anyway would fold its next change into
+			// a needless Resync, if that change came before its
+			// forwarder ran.
+			if !reg.known.same(w.told()) {
+				calls.add(w.markResync())
+			}
 		}
 		if f := c.cfg.Metrics.WatchResync; f != nil {
 			f(reg.key)
@@ -863,6 +870,17 @@ func (w *Watcher) grow() {
 		q[i] = w.q[(int(w.head)+i)%len(w.q)]
 	}
 	w.q, w.head = q, 0
+}
+
+// told is the state the watcher's consumer knows once it has been handed
+// every event queued: that of the last queued event, or else of the last
+// handed out. The caller holds c.wmu.
+func (w *Watcher) told() stamp {
+	if w.n > 0 {
+		ev := w.q[(int(w.head)+int(w.n)-1)%len(w.q)]
+		return stamp{version: ev.Version, exists: ev.Op == OpSet}
+	}
+	return w.last
 }
 
 // markResync owes the watcher a Resync event. It returns the watcher if
