@@ -323,6 +323,17 @@ func closedEarly(err error) bool {
 // probeTimeout bounds a probe of what the server at the other end speaks.
 const probeTimeout = time.Second
 
+// receiveMaximum is the Receive Maximum the client declares in CONNECT: how
+// many QoS 1 messages (responses and notifications) the broker may have
+// sent it unacknowledged. paho allocates a queue of incoming messages this
+// long for every connection: at MQTT's default of 65,535 that was 512 KiB
+// per client, made again at each reconnect. The client acknowledges each
+// message as soon as it has handed it on, so it is never that far behind
+// unless it cannot keep up; then a broker holds the rest back, and the
+// local store disconnects a client that falls behind by its
+// MaxPendingMessages, 8,192 by default, as it always did.
+const receiveMaximum = 8192
+
 // probe dials addr and reports what speaks says of the connection, all
 // within probeTimeout.
 func probe(ctx context.Context, addr string, speaks func(context.Context, net.Conn) bool) bool {
@@ -848,6 +859,10 @@ func (c *Client) buildConnect(cp *paho.Connect, _ *url.URL) (*paho.Connect, erro
 	if c.cfg.MaxPacketSize > 0 {
 		v := uint32(c.cfg.MaxPacketSize)
 		cp.Properties.MaximumPacketSize = &v
+	}
+	if cp.Properties.ReceiveMaximum == nil {
+		v := uint16(receiveMaximum)
+		cp.Properties.ReceiveMaximum = &v
 	}
 	if cp.Properties.SessionExpiryInterval == nil {
 		v := uint32((c.cfg.SessionExpiry + time.Second - 1) / time.Second)
