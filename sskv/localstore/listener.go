@@ -234,7 +234,17 @@ type deadlineConn struct {
 	claimed  string                      // the client id the connection claimed (see Server.admit), released when it ends; only the connection's goroutine uses it
 	subQuota subQuota                    // the filters of the SUBSCRIBE being handled refused for MaxSubscriptionsPerClient; only the connection's goroutine uses it
 	room     room                        // wakes senders waiting for room in the broker's queue of writes (see waitForRoom)
+
+	// Writes to the socket, in order (see Write and acks).
+	wmu      sync.Mutex
+	acks     []byte      // PUBACKs held back to go out with the next write
+	ackTimer *time.Timer // flushes acks if no write comes; made at the first ack held
+	ackArmed bool        // ackTimer will fire
 }
+
+// ackFlushDelay bounds how long a PUBACK is held back when the write it
+// waits for does not come (see deadlineConn.Write).
+const ackFlushDelay = 5 * time.Millisecond
 
 func newDeadlineConn(conn net.Conn, s *Server) *deadlineConn {
 	c := &deadlineConn{Conn: conn, s: s}
@@ -260,8 +270,90 @@ func (c *deadlineConn) Read(b []byte) (int, error) {
 	return n, err
 }
 
+// Write writes b to the socket within Config.WriteTimeout (or the limit
+// set by SetWriteDeadline, if sooner).
+//
+// A PUBACK (the broker's acknowledgement of a client's QoS 1 PUBLISH,
+// which it writes itself, on the connection's read goroutine) written
+// while the broker's queue of writes to the connection holds a packet is
+// held back and goes out with the next write, which the broker's write
+// loop makes for that packet: the acknowledgement of a request and its
+// response then go out in one write, where they took two system calls. The
+// broker's own coalescing of writes is off (see Start), as it can hold a
+// DISCONNECT back until the connection is closed under it; here only
+// PUBACKs wait, in order, and for at most ackFlushDelay should the
+// queued packet not be written after all.
 func (c *deadlineConn) Write(b []byte) (int, error) {
 	defer c.room.signal() // the broker took a packet off its queue to write it
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.broken.Load() {
+		return 0, errWriteTimedOut
+	}
+	if isPuback(b) {
+		if cl := c.client.Load(); cl != nil && writesQueued(cl) > 0 {
+			c.holdAck(b)
+			return len(b), nil
+		}
+	}
+	if len(c.acks) > 0 {
+		acks := c.acks
+		c.acks = c.acks[:0]
+		if len(b) > maxCoalesced { // not worth copying
+			if _, err := c.write(acks); err != nil {
+				return 0, err
+			}
+			return c.write(b)
+		}
+		if _, err := c.write(append(acks, b...)); err != nil {
+			return 0, err
+		}
+		return len(b), nil
+	}
+	return c.write(b)
+}
+
+// maxCoalesced is the largest packet that PUBACKs held back are copied in
+// front of, to go out in one write; before a larger one they go out alone.
+const maxCoalesced = 16 << 10
+
+// isPuback reports whether b is one whole PUBACK packet: fixed header 0x40,
+// remaining length 2 (packet id), 3 (and reason code) or 4 (and an empty
+// property length).
+func isPuback(b []byte) bool {
+	return len(b) >= 4 && len(b) <= 6 && b[0] == 0x40 && int(b[1]) == len(b)-2
+}
+
+// holdAck holds the PUBACK b back for the next write, and makes sure it
+// goes out within ackFlushDelay. The caller holds c.wmu.
+func (c *deadlineConn) holdAck(b []byte) {
+	c.acks = append(c.acks, b...)
+	if c.ackArmed {
+		return
+	}
+	c.ackArmed = true
+	if c.ackTimer == nil {
+		c.ackTimer = time.AfterFunc(ackFlushDelay, c.flushAcks)
+		return
+	}
+	c.ackTimer.Reset(ackFlushDelay)
+}
+
+// flushAcks writes the PUBACKs still held back, if any.
+func (c *deadlineConn) flushAcks() {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.ackArmed = false
+	if len(c.acks) == 0 || c.broken.Load() {
+		return
+	}
+	out := c.acks
+	c.acks = nil
+	_, _ = c.write(out)
+}
+
+// write writes b to the socket, as Write describes. The caller holds c.wmu.
+func (c *deadlineConn) write(b []byte) (int, error) {
 	if c.broken.Load() {
 		return 0, errWriteTimedOut
 	}
