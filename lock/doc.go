@@ -299,9 +299,14 @@
 // slot 0 keeps the queue; while anyone waits, it also watches the other
 // slots, and when one is released (a plain VDEL: they keep no queue) or
 // expires, it reserves it for its first waiter (SET NX of that waiter's
-// acquisition record, with the TTL), takes the waiter out of the queue and
-// tells it, and the waiter takes the slot as a Lock takes a key reserved
-// for it. Slot 0 itself goes to the first waiter at its holder's release,
+// acquisition record, with the TTL, fenced with its own token of slot 0),
+// takes the waiter out of the queue and tells it, and the waiter takes the
+// slot as a Lock takes a key reserved for it (fenced with the
+// reservation's version). Being fenced, a reservation can be taken only
+// that way, and is deleted (when its waiter has gone) only by a VDEL
+// fenced as well: the waiter's own attempts on the slot, which write the
+// same record, cannot take it unfenced, and so a deleted reservation can
+// never take an acquisition under way with it. Slot 0 itself goes to the first waiter at its holder's release,
 // as a Lock's key. A waiter sends nothing while the holders renew; the
 // holder of slot 0 pays for the watches (a KEYNOTIFY per other slot when
 // someone starts waiting, and a SET NX and a message per slot it passes

@@ -188,7 +188,12 @@ func (s *Semaphore) decline(o offer) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.TTL)
 	defer cancel()
 	key := SemaphoreSlot(s.cfg.Name, o.slot)
-	if _, err := s.c.VDel(ctx, key, s.slots0Record(), sskv.DelOptions{}); err != nil {
+	// A reservation is fenced (see reserve): the VDEL carries the
+	// reservation's version, newer than the reservation's token. The
+	// record it names is the one of an acquisition under way, never a
+	// holder's, and this participant's own attempts on the slot cannot
+	// write it while the reservation lasts.
+	if _, err := s.c.VDel(ctx, key, s.slots0Record(), sskv.DelOptions{FencingToken: o.version}); err != nil {
 		s.log.Debug("could not delete a reservation of a slot; it expires after the TTL", "slot", o.slot, "error", err)
 	}
 }
@@ -425,14 +430,27 @@ func (s *Semaphore) reserve(ctx context.Context, l0 *Lock, j int, first entry) e
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.TTL)
 	defer cancel()
 	key := SemaphoreSlot(s.cfg.Name, j)
-	res, err := s.c.Set(ctx, key, first.rec, sskv.SetOptions{Condition: sskv.IfNotExists, Expiry: s.cfg.TTL})
+	// The reservation is fenced, with this holder's token of slot 0: the
+	// waiter's own attempts on the slot (a TryAcquire after it stopped
+	// waiting, say) write the very record reserved for it, and so would
+	// take the reservation unfenced, and the unfenced VDEL that gives an
+	// untaken reservation back could then delete the key between the two
+	// SETs of such an acquisition, for a third participant to take it too.
+	// Fenced, only the waiter's take of the offer (fenced with the
+	// reservation's version, which is newer) can take it, and a give-back
+	// fenced with the older token is refused once it has.
+	ft := l0.Token()
+	if ft.IsZero() {
+		return errors.New("this participant does not hold slot 0")
+	}
+	res, err := s.c.Set(ctx, key, first.rec, sskv.SetOptions{Condition: sskv.IfNotExists, Expiry: s.cfg.TTL, FencingToken: ft})
 	if err != nil || !res.Applied {
 		return err // held: its release or expiry will tell
 	}
 	if !l0.served(first.id) {
 		// It left, or this participant is releasing slot 0 and hands the
 		// queue on: give the slot back.
-		_, err := s.c.VDel(ctx, key, first.rec, sskv.DelOptions{})
+		_, err := s.c.VDel(ctx, key, first.rec, sskv.DelOptions{FencingToken: ft})
 		return errors.Join(errors.New("the first waiter is no longer this holder's"), err)
 	}
 	if _, err := s.c.Set(ctx, l0.inbox(first.id), offerBody(j, res.Version), l0.msgOptions()); err != nil {
