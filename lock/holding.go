@@ -18,23 +18,26 @@ type holding struct {
 	token  hlc.Timestamp
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	sched  *renewer      // renews it; nil for a Lock that holds nothing yet
-	guards chan struct{} // closed when the guard has ended; nil if there is none
+	sched  *renewer // renews it; nil for a Lock that holds nothing yet
+	// guards counts the guard while it runs: finish waits for it. A
+	// WaitGroup, not a channel: it costs the holding no allocation.
+	guards sync.WaitGroup
 
 	scheduling // guarded by sched.mu
 
 	writeMu sync.Mutex // one write (renewal, SetValue) or confirmation at a time
-	watch   *waitWatch // the waiter's watch, for the guard to go on with; may be nil
 	// stopGuard ends the guard's watch when the holding ends; nil while
 	// there is none. Guarded by mu.
 	stopGuard func()
 
-	mu      sync.Mutex
-	ended   bool
+	mu    sync.Mutex
+	ended bool
+	// The booleans side by side: the holding is a size class smaller.
+	rewrite bool      // rec changed (SetValue) and may not be in the key yet
+	recheck bool      // the key must be confirmed before the next write (see conn)
 	expires time.Time // last successful renewal (or acquisition) sent + RenewDeadline
 	lastErr error     // of the renewals since the last successful one
 	rec     []byte    // the key's value while this holding lasts
-	rewrite bool      // rec changed (SetValue) and may not be in the key yet
 	// Continuity: the holding's writes go out only on conn, the connection
 	// on which the key was last seen at version, the version of the
 	// holding's last write. After a reconnect (conn is done), or when the
@@ -42,7 +45,6 @@ type holding struct {
 	// key still at version before anything more is written: see confirm.
 	conn    *sskv.Conn
 	version hlc.Timestamp
-	recheck bool
 	// late is a record of this holding's own that confirm found at a
 	// version it never wrote (a late request of its own): release deletes
 	// it, once the work has returned.
@@ -86,16 +88,17 @@ func newHolding(l *Lock, token hlc.Timestamp, rec []byte, sent time.Time, conn *
 }
 
 // start has the client's renewer renew the holding, acquired by a SET sent
-// at sent, and with FenceKey starts its guard. The renewer has it first:
-// the guard may judge events at once (those the waiter had not read), and
-// a holding it loses must leave the renewer's schedule.
-func (h *holding) start(sent time.Time) {
+// at sent, and with FenceKey starts its guard, which goes on with ww, the
+// waiter's watch, unless nil. The renewer has it first: the guard may
+// judge events at once (those the waiter had not read), and a holding it
+// loses must leave the renewer's schedule.
+func (h *holding) start(sent time.Time, ww *waitWatch) {
 	if h.l.cfg.FenceKey {
-		h.guards = make(chan struct{})
+		h.guards.Add(1)
 	}
 	h.sched.add(h, sent)
 	if h.l.cfg.FenceKey {
-		h.guard()
+		h.guard(ww)
 	}
 }
 
@@ -210,9 +213,7 @@ func (h *holding) finish(cause error) bool {
 	h.writeMu.Lock()
 	//lint:ignore SA2001 the critical section is the wait
 	h.writeMu.Unlock()
-	if h.guards != nil {
-		<-h.guards
-	}
+	h.guards.Wait()
 	return ended
 }
 
@@ -406,19 +407,17 @@ func (h *holding) confirm(ctx context.Context) (*sskv.Conn, error) {
 // it in between. When the watch reports that it lost track of the key (a
 // Resync), the guard has the renewer confirm the key at once. The guard is
 // a callback watch (judge), with no goroutine of its own: it goes on with
-// the waiter's watch, handed off to judge, or else watches the key anew,
-// from a goroutine that lasts only until the watch is registered. It
-// closes h.guards once the watch has ended, after the holding did (or
-// when there is no watch).
-func (h *holding) guard() {
+// the waiter's watch ww (unless nil), handed off to judge, or else watches
+// the key anew, from a goroutine that lasts only until the watch is
+// registered. It marks h.guards done once the watch has ended, after the
+// holding did (or when there is no watch).
+func (h *holding) guard(ww *waitWatch) {
 	l := h.l
-	if h.watch != nil {
-		ww := h.watch
-		h.watch = nil
+	if ww != nil {
 		if !ww.w.Handoff(h.judge, h.guardEnded) {
 			// The waiter's watch has ended: the renewals alone guard the key.
 			ww.cancel()
-			close(h.guards)
+			h.guards.Done()
 			return
 		}
 		// The watch ends with the holding.
@@ -436,7 +435,7 @@ func (h *holding) guard() {
 			if h.ctx.Err() == nil {
 				l.log.Debug("cannot watch the held key; renewals alone guard it", "error", err)
 			}
-			close(h.guards)
+			h.guards.Done()
 			return
 		}
 		h.keepGuard(w.Stop)
@@ -453,7 +452,7 @@ func (h *holding) guardEnded(err error) {
 	if h.ctx.Err() == nil {
 		h.l.log.Debug("the watch of the held key ended; renewals alone guard it", "error", err)
 	}
-	close(h.guards)
+	h.guards.Done()
 }
 
 // judge loses the holding if ev shows that its key is not its own any more.

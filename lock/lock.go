@@ -595,15 +595,16 @@ func (l *Lock) attemptFenced(ctx context.Context, cn *sskv.Conn, ft hlc.Timestam
 	}
 	l.undo = nil
 	h := newHolding(l, token, rec, sent, cn, version)
+	var ww *waitWatch
 	if l.cfg.FenceKey && l.watch != nil {
-		h.watch = l.watch // the guard goes on with the waiter's watch
+		ww = l.watch // the guard goes on with the waiter's watch
 		l.watch = nil
 	}
 	l.mu.Lock()
 	l.cur = h
 	l.mu.Unlock()
 	l.log.Info("acquired", "token", token)
-	h.start(sent)
+	h.start(sent, ww)
 	return true, nil
 }
 
