@@ -94,6 +94,15 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// nonce is 8 random bytes, written in hex: kept as the bytes, it costs a
+// Lock no allocation of its own.
+type nonce [8]byte
+
+func newNonce() (n nonce) {
+	_, _ = rand.Read(n[:])
+	return n
+}
+
 // randomHex returns n random bytes in hex.
 func randomHex(n int) string {
 	b := make([]byte, n)

@@ -33,7 +33,7 @@ type Lock struct {
 	// calls runs OnRenewal off the renewer; made at the first renewal
 	// that reports to it (see callbacks).
 	calls atomic.Pointer[callbacks]
-	nonce string // makes the record of an acquisition under way this Lock's own
+	nonce nonce // makes the record of an acquisition under way this Lock's own
 	// undo lists the deletes that give the key back after an acquisition
 	// whose outcome is unknown. Guarded by the turn.
 	undo []undoDel
@@ -89,7 +89,7 @@ func New(c *sskv.Client, cfg Config) (*Lock, error) {
 		cfg:   cfg,
 		log:   lockLogger(&cfg),
 		val:   bytes.Clone(cfg.Value),
-		nonce: randomHex(8),
+		nonce: newNonce(),
 	}
 	l.cur = notHeld
 	return l, nil

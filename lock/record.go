@@ -2,6 +2,7 @@ package lock
 
 import (
 	"bytes"
+	"encoding/hex"
 
 	"github.com/dsslock/dsslock/hlc"
 )
@@ -72,7 +73,7 @@ func (l *Lock) record(token hlc.Timestamp, value []byte) []byte {
 	b = append(b, '\n')
 	if token.IsZero() {
 		b = append(b, '~')
-		b = append(b, l.nonce...)
+		b = hex.AppendEncode(b, l.nonce[:])
 	} else {
 		b, _ = token.AppendText(b)
 	}

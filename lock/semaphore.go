@@ -100,7 +100,7 @@ type Semaphore struct {
 	kill context.CancelCauseFunc
 
 	slots []*Lock // one per slot of the largest limit seen; guarded by the turn
-	nonce string  // every slot's Lock's: a reservation for any slot is the same record
+	nonce nonce   // every slot's Lock's: a reservation for any slot is the same record
 	// lastActive is when it last released, or waited; guarded by the turn.
 	lastActive time.Time
 	// keeper serves the queue while this participant holds slot 0
@@ -151,7 +151,7 @@ func NewSemaphore(c *sskv.Client, cfg SemaphoreConfig) (*Semaphore, error) {
 		turn:  make(chan struct{}, 1),
 		slot:  -1,
 		limit: cfg.Limit,
-		nonce: randomHex(8),
+		nonce: newNonce(),
 	}
 	if s.log.Handler() != slog.DiscardHandler {
 		s.log = s.log.With("semaphore", cfg.Name, "holder", cfg.HolderID)
