@@ -110,18 +110,19 @@ type stamp struct {
 }
 
 // registration is the client's watch of one key, shared by its watchers.
-// Guarded by c.wmu.
+// Guarded by c.wmu. Its booleans sit side by side, as keyState's do: every
+// watched key has one, and so it takes a size class less.
 type registration struct {
 	key      string
 	watchers []*Watcher
 	known    keyState // the latest state known
 	lastSeq  uint64   // sequence number of the last notification applied
+	initial  bool     // the first sync (at Watch) has not finished
 	// Between a disconnect and the GET that follows re-registration,
 	// notifications update known without being delivered; base is the state
 	// last delivered before it.
 	resyncing bool
 	base      stamp
-	initial   bool          // the first sync (at Watch) has not finished
 	syncGen   uint64        // connection of the latest sync started
 	ready     chan struct{} // closed when the first sync ends (err says how), then nil
 	err       error
@@ -132,9 +133,9 @@ type registration struct {
 }
 
 type keyState struct {
-	exists  bool
 	value   []byte
 	version hlc.Timestamp
+	exists  bool
 	// unseen marks a deletion learned from a GET, not from a notification:
 	// version is then the last version the client knew, not the time of the
 	// deletion, which the service does not tell.
