@@ -256,13 +256,17 @@ func (l *Lock) until(ctx context.Context, deadline time.Time) (context.Context, 
 	}
 }
 
-// unbind releases a context bind returned.
+// unbind releases a context bind returned. The list is let go once it is
+// empty: a Lock that holds, or sits idle, keeps no room for calls.
 func (l *Lock) unbind(ctx context.Context) {
 	l.mu.Lock()
 	var cancel context.CancelCauseFunc
 	if i := slices.IndexFunc(l.bound, func(b boundCall) bool { return b.ctx == ctx }); i >= 0 {
 		cancel = l.bound[i].cancel
 		l.bound = slices.Delete(l.bound, i, i+1)
+		if len(l.bound) == 0 {
+			l.bound = nil
+		}
 	}
 	l.mu.Unlock()
 	if cancel != nil {
