@@ -89,10 +89,10 @@ func newHolding(l *Lock, token hlc.Timestamp, rec []byte, sent time.Time, conn *
 
 // start has the client's renewer renew the holding, acquired by a SET sent
 // at sent, and with FenceKey starts its guard, which goes on with ww, the
-// waiter's watch, unless nil. The renewer has it first: the guard may
+// waiter's watch, unless it is none. The renewer has it first: the guard may
 // judge events at once (those the waiter had not read), and a holding it
 // loses must leave the renewer's schedule.
-func (h *holding) start(sent time.Time, ww *waitWatch) {
+func (h *holding) start(sent time.Time, ww waitWatch) {
 	if h.l.cfg.FenceKey {
 		h.guards.Add(1)
 	}
@@ -407,21 +407,21 @@ func (h *holding) confirm(ctx context.Context) (*sskv.Conn, error) {
 // it in between. When the watch reports that it lost track of the key (a
 // Resync), the guard has the renewer confirm the key at once. The guard is
 // a callback watch (judge), with no goroutine of its own: it goes on with
-// the waiter's watch ww (unless nil), handed off to judge, or else watches
+// the waiter's watch ww (unless none), handed off to judge, or else watches
 // the key anew, from a goroutine that lasts only until the watch is
 // registered. It marks h.guards done once the watch has ended, after the
 // holding did (or when there is no watch).
-func (h *holding) guard(ww *waitWatch) {
+func (h *holding) guard(ww waitWatch) {
 	l := h.l
-	if ww != nil {
+	if ww.w != nil {
 		if !ww.w.Handoff(h.judge, h.guardEnded) {
 			// The waiter's watch has ended: the renewals alone guard the key.
-			ww.cancel()
+			ww.end()
 			h.guards.Done()
 			return
 		}
 		// The watch ends with the holding.
-		h.keepGuard(ww.cancel)
+		h.keepGuard(ww.ender())
 		return
 	}
 	go func() {

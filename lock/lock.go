@@ -37,8 +37,9 @@ type Lock struct {
 	// undo lists the deletes that give the key back after an acquisition
 	// whose outcome is unknown. Guarded by the turn.
 	undo []undoDel
-	// watch is the watch of a wait under way, if any. Guarded by the turn.
-	watch *waitWatch
+	// watch is the watch of a wait under way, if any (w is nil if none).
+	// Guarded by the turn.
+	watch waitWatch
 	// q is the Lock's view of the lock's queue while it waits, holds or has
 	// just held the lock (see queue.go); nil otherwise. Guarded by the turn.
 	q *queue
@@ -599,10 +600,10 @@ func (l *Lock) attemptFenced(ctx context.Context, cn *sskv.Conn, ft hlc.Timestam
 	}
 	l.undo = nil
 	h := newHolding(l, token, rec, sent, cn, version)
-	var ww *waitWatch
-	if l.cfg.FenceKey && l.watch != nil {
+	var ww waitWatch
+	if l.cfg.FenceKey && l.watch.w != nil {
 		ww = l.watch // the guard goes on with the waiter's watch
-		l.watch = nil
+		l.watch = waitWatch{}
 	}
 	l.mu.Lock()
 	l.cur = h

@@ -54,13 +54,12 @@ func addSat(a, b time.Duration) time.Duration {
 // had seen it held (see holdOff).
 func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 	var (
-		w         *sskv.Watcher
-		wcancel   context.CancelFunc // ends w
-		woken     bool               // the pending check was woken by a deletion
-		lost      bool               // a check woken by a deletion lost the race to another waiter
-		delayed   bool               // the delay timer wakes a deletion's check (not a retry)
-		seenHeld  bool               // an attempt or the watch found the key held
-		holdUntil time.Time          // no attempt before: the key may be held in someone's belief
+		w         *sskv.Watcher // the watch of the key, also in l.watch until a holding takes it
+		woken     bool          // the pending check was woken by a deletion
+		lost      bool          // a check woken by a deletion lost the race to another waiter
+		delayed   bool          // the delay timer wakes a deletion's check (not a retry)
+		seenHeld  bool          // an attempt or the watch found the key held
+		holdUntil time.Time     // no attempt before: the key may be held in someone's belief
 		// Made when first needed: a waiter that sleeps while the holder
 		// renews needs only its watch and the recheck timer.
 		retry, race *backoff.ExponentialBackOff
@@ -70,9 +69,9 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 	// background, so Lock does not wait for that round trip), unless the
 	// holding took it over (FenceKey: see holding.guard).
 	defer func() {
-		if l.watch != nil {
-			wcancel()
-			l.watch = nil
+		if l.watch.w != nil {
+			l.watch.end()
+			l.watch = waitWatch{}
 		}
 	}()
 	defer func() {
@@ -136,14 +135,14 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 			if err == nil && w == nil {
 				// Watch the key, then check again: it may have been deleted
 				// before the watch was registered.
-				if w, wcancel, err = l.watchKey(ctx); err != nil {
+				if w, err = l.watchKey(ctx); err != nil {
 					if ctx.Err() != nil || errors.Is(err, sskv.ErrClosed) || refused(err) {
 						return unknown, err
 					}
 					l.log.Debug("watch failed; retrying", "error", err)
 					retryLater()
 				} else {
-					l.watch = &waitWatch{w: w, cancel: wcancel}
+					l.watch = waitWatch{w: w}
 					check = true
 					continue
 				}
@@ -166,8 +165,8 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 					return unknown, ctx.Err()
 				}
 				l.log.Debug("watch ended; watching again", "error", w.Err())
-				wcancel()
-				w, wcancel, l.watch = nil, nil, nil
+				l.watch.end()
+				w, l.watch = nil, waitWatch{}
 				check = true
 			case ev.Op == sskv.OpDelete || ev.Resync:
 				// Released or expired (or changed while notifications were
@@ -202,13 +201,13 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 	}
 }
 
-// watchKey starts a waiter's watch of the key, and returns it with the
-// function that ends it (at once: the client unregisters it in the
-// background). ctx bounds only the registration (sskv.WatchDetached): the
-// wait ends the watch when it returns, unless a FenceKey holding takes it
-// over (see holding.guard), and then it lasts as long as the holding. So a
-// sleeping waiter's watch costs no context of its own.
-func (l *Lock) watchKey(ctx context.Context) (*sskv.Watcher, context.CancelFunc, error) {
+// watchKey starts a waiter's watch of the key, and returns it; waitWatch.end
+// ends it (at once: the client unregisters it in the background). ctx
+// bounds only the registration (sskv.WatchDetached): the wait ends the
+// watch when it returns, unless a FenceKey holding takes it over (see
+// holding.guard), and then it lasts as long as the holding. So a sleeping
+// waiter's watch costs no context of its own.
+func (l *Lock) watchKey(ctx context.Context) (*sskv.Watcher, error) {
 	// A lost answer to the KEYNOTIFY must not keep the waiter from checking
 	// for the client's RequestTimeout: after a TTL, give up on this watch
 	// and check again.
@@ -220,9 +219,9 @@ func (l *Lock) watchKey(ctx context.Context) (*sskv.Watcher, context.CancelFunc,
 		err = ctx.Err() // ctx ended as the watch was registered
 	}
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	return w, func() { go w.Stop() }, nil
+	return w, nil
 }
 
 // resetTimer resets t to fire after d, making it if it is nil.
@@ -271,10 +270,32 @@ func (l *Lock) holdOff(cn *sskv.Conn) time.Time {
 }
 
 // waitWatch is a waiter's watch of the key, which a FenceKey holding takes
-// over when the wait ends in an acquisition (see holding.guard).
+// over when the wait ends in an acquisition (see holding.guard). The zero
+// waitWatch is none. A Lock keeps it by value: a waiter's watch costs no
+// allocation beside the watch itself.
 type waitWatch struct {
 	w      *sskv.Watcher
-	cancel context.CancelFunc // ends the watch
+	cancel context.CancelFunc // ends the watch; nil for one of watchKey's
+}
+
+// end ends the watch, if any: with cancel, or else (a watch of
+// watchKey's) with a Stop in the background, so that the end does not wait
+// for the client to unregister it.
+func (ww waitWatch) end() {
+	switch {
+	case ww.cancel != nil:
+		ww.cancel()
+	case ww.w != nil:
+		go ww.w.Stop()
+	}
+}
+
+// ender returns a function that ends the watch, as end does.
+func (ww waitWatch) ender() func() {
+	if ww.cancel != nil {
+		return ww.cancel
+	}
+	return func() { go ww.w.Stop() }
 }
 
 func newBackoff(initial, maxD time.Duration) *backoff.ExponentialBackOff {
@@ -387,12 +408,12 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 		if l.cfg.FenceKey {
 			// The holding's guard goes on with the watch of the key.
 			if kw = q.takeKeyWatch(); kw.w != nil {
-				l.watch = &waitWatch{w: kw.w, cancel: kw.cancel}
+				l.watch = waitWatch{w: kw.w, cancel: kw.cancel}
 			}
 		}
 		ok, err := l.attemptFenced(ctx, cn, ft)
-		if l.watch != nil {
-			l.watch = nil // not taken over: the attempt failed
+		if l.watch.w != nil {
+			l.watch = waitWatch{} // not taken over: the attempt failed
 			q.giveKeyWatch(kw)
 		}
 		unknown = err != nil && len(l.undo) > 0
