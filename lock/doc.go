@@ -306,7 +306,12 @@
 // that way, and is deleted (when its waiter has gone) only by a VDEL
 // fenced as well: the waiter's own attempts on the slot, which write the
 // same record, cannot take it unfenced, and so a deleted reservation can
-// never take an acquisition under way with it. Slot 0 itself goes to the first waiter at its holder's release,
+// never take an acquisition under way with it. A give-back of a
+// reservation by the one it was for (a Lock's or a participant's, when an
+// offer or a turn comes after it stopped waiting) runs with the turn of
+// the Lock that writes that record: the message may come after the
+// reservation expired, and the VDEL must not land between the two SETs of
+// that Lock's own acquisition. Slot 0 itself goes to the first waiter at its holder's release,
 // as a Lock's key. A waiter sends nothing while the holders renew; the
 // holder of slot 0 pays for the watches (a KEYNOTIFY per other slot when
 // someone starts waiting, and a SET NX and a message per slot it passes

@@ -491,6 +491,29 @@ func (l *Lock) begin(ctx context.Context) error {
 	}
 }
 
+// withTurn runs f with the Lock's turn, so that f is ordered with the
+// Lock's own acquisitions, waiting for the turn as long as ctx allows; f
+// does not run if ctx ends first. On a closed Lock, which acquires nothing
+// more, f runs without the turn.
+//
+// A give-back of a key reserved for this Lock (a VDEL of its acquisition
+// record) must run so: the reservation may have expired by the time the
+// message that made this Lock give it back came (a message can reach the
+// store long after it was sent, if its path froze), and this Lock's own
+// acquisition may have written the same record, unfenced, in the
+// meantime. Between the two SETs of that acquisition, the VDEL would delete
+// the key under it, and another Lock could take the key too.
+func (l *Lock) withTurn(ctx context.Context, f func()) {
+	if err := l.begin(ctx); err != nil {
+		if errors.Is(err, ErrClosed) {
+			f()
+		}
+		return
+	}
+	defer l.end()
+	f()
+}
+
 // end gives the turn back.
 func (l *Lock) end() {
 	l.mu.Lock()

@@ -731,9 +731,13 @@ func (q *queue) handOn() {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.TTL)
 		defer cancel()
-		if _, err := l.c.VDel(ctx, l.cfg.Name, l.acqRecord(), sskv.DelOptions{FencingToken: reservation}); err != nil {
-			l.log.Debug("could not free the key reserved for this Lock; it expires after the TTL", "error", err)
-		}
+		// With the turn: the turn may have come late, and this Lock may be
+		// taking the key itself (see withTurn).
+		l.withTurn(ctx, func() {
+			if _, err := l.c.VDel(ctx, l.cfg.Name, l.acqRecord(), sskv.DelOptions{FencingToken: reservation}); err != nil {
+				l.log.Debug("could not free the key reserved for this Lock; it expires after the TTL", "error", err)
+			}
+		})
 		if msg == nil {
 			return
 		}

@@ -99,7 +99,7 @@ type Semaphore struct {
 	life context.Context
 	kill context.CancelCauseFunc
 
-	slots []*Lock // one per slot of the largest limit seen; guarded by the turn
+	slots []*Lock // one per slot of the largest limit seen; guarded by the turn, and added to under omu too
 	nonce nonce   // every slot's Lock's: a reservation for any slot is the same record
 	// lastActive is when it last released, or waited; guarded by the turn.
 	lastActive time.Time
@@ -319,9 +319,22 @@ func (s *Semaphore) prepare(ctx context.Context) (int, error) {
 			s.rec = l.acqRecord()
 			s.omu.Unlock()
 		}
+		s.omu.Lock() // for slotLock
 		s.slots = append(s.slots, l)
+		s.omu.Unlock()
 	}
 	return n, nil
+}
+
+// slotLock returns the Lock of slot i, or nil if there is none, without the
+// turn (which guards s.slots otherwise: it is added to under s.omu too).
+func (s *Semaphore) slotLock(i int) *Lock {
+	s.omu.Lock()
+	defer s.omu.Unlock()
+	if i < 0 || i >= len(s.slots) {
+		return nil
+	}
+	return s.slots[i]
 }
 
 // readLimit returns the record's limit, writing the record first if it is

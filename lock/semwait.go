@@ -187,12 +187,26 @@ func (s *Semaphore) offered(slot int, version hlc.Timestamp) {
 func (s *Semaphore) decline(o offer) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.TTL)
 	defer cancel()
+	if l := s.slotLock(o.slot); l != nil {
+		// With the slot Lock's turn: the offer may have come late, its
+		// reservation expired, and this participant may be taking the slot
+		// itself, with the same record (see Lock.withTurn).
+		l.withTurn(ctx, func() { s.dropOffered(ctx, o) })
+		return
+	}
+	s.dropOffered(ctx, o) // a slot beyond the limit: this participant never tries it
+}
+
+// dropOffered deletes the reservation of an offer that is declined.
+func (s *Semaphore) dropOffered(ctx context.Context, o offer) {
 	key := SemaphoreSlot(s.cfg.Name, o.slot)
 	// A reservation is fenced (see reserve): the VDEL carries the
 	// reservation's version, newer than the reservation's token. The
 	// record it names is the one of an acquisition under way, never a
-	// holder's, and this participant's own attempts on the slot cannot
-	// write it while the reservation lasts.
+	// holder's. This participant's own attempts on the slot cannot write
+	// it while the reservation lasts; once it has expired (a late offer),
+	// they can, and the caller's turn of the slot's Lock keeps the VDEL
+	// out of their two-SET window.
 	if _, err := s.c.VDel(ctx, key, s.slots0Record(), sskv.DelOptions{FencingToken: o.version}); err != nil {
 		s.log.Debug("could not delete a reservation of a slot; it expires after the TTL", "slot", o.slot, "error", err)
 	}

@@ -1,0 +1,447 @@
+package lock_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/dsslock/dsslock/lock"
+	"github.com/dsslock/dsslock/sskv"
+	"github.com/dsslock/dsslock/sskv/localstore"
+)
+
+// dialPatient connects a client that does not give up on a silent
+// connection for 30 s (keep-alive and ping timeout), so that a Hold of its
+// traffic does not make it reconnect (and resend) by itself.
+func dialPatient(t *testing.T, addr string) *sskv.Client {
+	t.Helper()
+	c, err := sskv.Dial(testCtx(t), sskv.Config{
+		Addr:         addr,
+		ClientID:     testID(t),
+		KeepAlive:    30 * time.Second,
+		PingTimeout:  30 * time.Second,
+		ReconnectMin: 10 * time.Millisecond,
+		ReconnectMax: 100 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatalf("Dial: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// TestSemaphoreLateOfferDecline: an offer of a slot (msgSlot) that
+// reaches a participant after the reservation it names has expired, while
+// that participant takes the same slot by itself (TryAcquire), must not
+// make its decline delete the slot between the two SETs of its own
+// acquisition.
+//
+// decline (semwait.go) deletes the participant's acquisition record from
+// the slot with a VDEL fenced with the reservation's version. It now does
+// so with the slot Lock's turn, so after the acquisition below; before, it
+// did not, and so: its own
+// unfenced TryLock of that slot writes the very same record (the
+// participant's nonce is shared by all its slots' Locks) into a key that,
+// created by that SET NEX, has no fencing token at all: so the stale,
+// fenced VDEL is accepted, and deletes the key inside the acquisition's
+// two-SET window. A third participant then takes the free slot, and both
+// acquisitions complete: two participants hold one slot.
+//
+// The sequence that broke it (K keeps slot 0's queue, Y holds slot 1, W
+// waits, Z1..Z3 are fresh; limit 2, TTL 6 s):
+//  1. Y releases slot 1; K reserves it for W (fenced SET NX of W's record,
+//     version R). K's request traffic is then held (a frozen path to the
+//     store), so its msgSlot to W's inbox is not executed yet.
+//  2. W's Acquire is cancelled (before K's slot 0 could expire, which W,
+//     the watcher of slot 0, would take). Its queue lingers a TTL.
+//  3. The reservation expires (TTL). K's slot 0 expires too; another
+//     holder takes slot 0 (simulated by a fenced SET NX of the admin), so
+//     that slot 1 is the only free slot.
+//  4. W calls TryAcquire with slow answers (1.2 s): its SET NEX creates
+//     slot 1 with W's record, without a token.
+//  5. K's path heals: its msgSlot (slot 1, R) is executed, long after the
+//     reservation expired (a held request's expiry counts from when the
+//     store reads it). W is not acquiring, so it declines the offer: VDEL
+//     of W's record fenced with R, accepted on the token-less key: slot 1
+//     is deleted between W's two SETs.
+//  6. Z's TryAcquire (answers 0.8 s) finds slot 1 free: its SET NEX applies.
+//  7. W's fenced SET (token T_W) applies over Z's token-less record; W's
+//     TryAcquire returns true.
+//  8. Z's fenced SET (T_Z > T_W) applies over W's record; Z's returns true.
+//
+// A fresh participant tries the slots from a random one; with three of them,
+// one tries slot 1 first 7 times in 8.
+func TestSemaphoreLateOfferDecline(t *testing.T) {
+	const ttl = 6 * time.Second // renew deadline 4 s
+	srv, err := localstore.Start(localstore.Config{WriteTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	admin := dial(t, srv.Addr())
+	cfg := lock.SemaphoreConfig{Name: "s", Limit: 2, TTL: ttl, RenewInterval: 500 * time.Millisecond}
+	part := func(id string, c *sskv.Client) *lock.Semaphore {
+		sc := cfg
+		sc.HolderID = id
+		return newSemaphore(t, c, sc)
+	}
+	slot0, slot1 := lock.SemaphoreSlot("s", 0), lock.SemaphoreSlot("s", 1)
+	ctx := testCtx(t)
+
+	k0 := part("k0", dial(t, srv.Addr()))
+	y := part("y", dial(t, srv.Addr()))
+	ck := dialPatient(t, srv.Addr())
+	k := part("k", ck)
+	cw := dial(t, srv.Addr())
+	w := part("w", cw)
+	var zs []*lock.Semaphore
+	var czs []*sskv.Client
+	for _, id := range []string{"z1", "z2", "z3"} {
+		cz := dial(t, srv.Addr())
+		zs, czs = append(zs, part(id, cz)), append(czs, cz)
+	}
+	if _, err := admin.Set(ctx, slot1, []byte("dummy"), sskv.SetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := k0.Acquire(ctx); err != nil || k0.Slot() != 0 {
+		t.Fatalf("k0: %v, slot %d", err, k0.Slot())
+	}
+	if _, err := admin.Del(ctx, slot1, sskv.DelOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := y.Acquire(ctx); err != nil || y.Slot() != 1 {
+		t.Fatalf("y: %v, slot %d", err, y.Slot())
+	}
+	kDone := make(chan error, 1)
+	go func() { kDone <- k.Acquire(ctx) }()
+	waitFor(t, "k waiting", func() bool { return srv.Watching(ck.ID(), slot0) })
+	time.Sleep(100 * time.Millisecond)
+	if err := k0.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-kDone; err != nil || k.Slot() != 0 {
+		t.Fatalf("k: %v, slot %d", err, k.Slot())
+	}
+
+	// W waits in K's queue; K watches slot 1 for it.
+	wctx, wcancel := context.WithCancel(ctx)
+	defer wcancel()
+	wDone := make(chan error, 1)
+	go func() { wDone <- w.Acquire(wctx) }()
+	waitFor(t, "k watching slot 1 for its waiter", func() bool { return srv.Watching(ck.ID(), slot1) })
+
+	watch, err := admin.Watch(ctx, slot1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Stop()
+	next := func(what string, within time.Duration, ok func(lock.Holder, sskv.Event) bool) lock.Holder {
+		t.Helper()
+		for {
+			select {
+			case ev := <-watch.Events():
+				h := lock.ParseHolder(ev.Value, ev.Version)
+				t.Logf("slot 1: %v %q v%v", ev.Op, ev.Value, ev.Version)
+				if ok(h, ev) {
+					return h
+				}
+			case <-time.After(within):
+				t.Fatalf("no %s", what)
+			}
+		}
+	}
+
+	// 1. Y releases; K reserves slot 1 for W; K's path to the store
+	// freezes before its msgSlot goes out.
+	srv.SetResponseFault(ck.ID(), localstore.ResponseFault{Delay: 200 * time.Millisecond})
+	if err := y.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	next("reservation", 5*time.Second, func(h lock.Holder, ev sskv.Event) bool { return ev.Op == sskv.OpSet && h.ID == "w" })
+	if err := srv.Hold(ck.ID(), localstore.ToStore); err != nil {
+		t.Fatal(err)
+	}
+	r0 := time.Now()
+
+	// 2. W stops waiting, before slot 0 can expire.
+	time.Sleep(4*time.Second - time.Since(r0))
+	wcancel()
+	if err := <-wDone; err == nil {
+		t.Fatalf("w's Acquire succeeded (slot %d)", w.Slot())
+	}
+	t.Logf("w's Acquire cancelled %v after the reservation", time.Since(r0))
+
+	// 3. The reservation expires; slot 0 goes to another holder.
+	next("expiry of the reservation", 2*ttl, func(h lock.Holder, ev sskv.Event) bool { return ev.Op == sskv.OpDelete })
+	for {
+		res, err := admin.Set(ctx, slot0, []byte("other"), sskv.SetOptions{Condition: sskv.IfNotExists, FencingToken: srv.Now()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Applied {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	// 4. W's TryAcquire, with slow answers.
+	srv.SetResponseFault(cw.ID(), localstore.ResponseFault{Delay: 1200 * time.Millisecond})
+	for _, cz := range czs {
+		srv.SetResponseFault(cz.ID(), localstore.ResponseFault{Delay: 800 * time.Millisecond})
+	}
+	type result struct {
+		s   *lock.Semaphore
+		ok  bool
+		err error
+		at  time.Time
+	}
+	wRes, zRes := make(chan result, 1), make(chan result, len(zs))
+	go func() {
+		ok, err := w.TryAcquire(ctx)
+		wRes <- result{w, ok, err, time.Now()}
+	}()
+	var wr result
+	wReturned := false
+	for waiting := true; waiting; {
+		select {
+		case ev := <-watch.Events():
+			h := lock.ParseHolder(ev.Value, ev.Version)
+			t.Logf("slot 1: %v %q v%v", ev.Op, ev.Value, ev.Version)
+			waiting = !(ev.Op == sskv.OpSet && h.ID == "w")
+		case wr = <-wRes:
+			wReturned, waiting = true, false
+		case <-time.After(10 * time.Second):
+			t.Fatal("w's TryAcquire neither wrote slot 1 nor returned")
+		}
+	}
+	t.Logf("w's SET NEX on slot 1 %v after the reservation", time.Since(r0))
+	// 5, 6. Z starts; K's path heals, and its late msgSlot reaches W.
+	for _, z := range zs {
+		go func() {
+			ok, err := z.TryAcquire(ctx)
+			zRes <- result{z, ok, err, time.Now()}
+		}()
+	}
+	srv.SetResponseFault(ck.ID(), localstore.ResponseFault{})
+	srv.Release(ck.ID())
+
+	if !wReturned {
+		wr = <-wRes
+	}
+	zr := result{s: zs[0]}
+	for range zs {
+		if r := <-zRes; r.ok {
+			zr = r
+		}
+	}
+	z := zr.s
+	wErr, zErr := w.Err(), z.Err()
+	drain := time.After(200 * time.Millisecond)
+	for done := false; !done; {
+		select {
+		case ev := <-watch.Events():
+			t.Logf("slot 1: %v %q v%v", ev.Op, ev.Value, ev.Version)
+		case <-drain:
+			done = true
+		}
+	}
+	t.Logf("w: TryAcquire = %v, %v (slot %d, token %v); %s: TryAcquire = %v, %v (slot %d, token %v)",
+		wr.ok, wr.err, w.Slot(), w.Token(), z.HolderID(), zr.ok, zr.err, z.Slot(), z.Token())
+	if wr.ok && zr.ok && w.Slot() == z.Slot() {
+		t.Errorf("w (token %v) and %s (token %v) both acquired slot %d, returning %v apart; once both had returned: w.Err = %v, %s.Err = %v",
+			w.Token(), z.HolderID(), z.Token(), w.Slot(), wr.at.Sub(zr.at).Abs(), wErr, z.HolderID(), zErr)
+	}
+}
+
+// TestLockLateTurnHandOn: a turn (msgTurn) with a reservation that
+// reaches a Lock after it stopped waiting, and after the reservation
+// expired, while that Lock takes the key by itself (TryLock), must not make
+// it delete the key between the two SETs of its own acquisition.
+//
+// handOn (queue.go) frees a reservation for a Lock that no longer waits
+// with a VDEL of the Lock's acquisition record fenced with the
+// reservation's version, in the background. It now does so with the
+// Lock's turn, after the TryLock below; before, it did not, and so: the
+// Lock's own TryLock writes that very record with its SET NEX into a key
+// that (created by it) has no token, so the late VDEL is accepted and
+// deletes the key inside the acquisition's two-SET window; the next waiter
+// takes it; both acquisitions complete.
+//
+// The sequence that broke it (FenceKey, TTL 6 s; H holds, and keeps the queue (it was
+// handed the lock by H0); L, M1, M2 wait in that order):
+//  1. L's inbound traffic is held (it must not take the reservation by
+//     itself). H releases: its fenced SET writes L's record (the
+//     reservation, version R); then H's request traffic is held, so its
+//     msgTurn to L is not executed yet.
+//  2. L's Lock is cancelled (it leaves); L's traffic is released. Its queue
+//     lingers a TTL.
+//  3. M1 and M2 (the key's watchers) are held inbound, so that they do not
+//     take the key when the reservation expires.
+//  4. The reservation expires. L calls TryLock with slow answers (1.2 s):
+//     its SET NEX creates the key with L's record, without a token.
+//  5. H's path heals: its msgTurn (reservation R) reaches L, which does not
+//     wait: handOn's VDEL of L's record fenced with R is accepted on the
+//     token-less key, and deletes it, between L's two SETs.
+//  6. M1 and M2 are released (answers 1.5 s): M1, the first waiter, sees the
+//     key free and takes it: its SET NEX applies.
+//  7. L's fenced SET (T_L) applies over M1's token-less record; L's TryLock
+//     returns true.
+//  8. M1's fenced SET (T_M1 > T_L) applies over L's record; M1's Lock
+//     returns nil.
+func TestLockLateTurnHandOn(t *testing.T) {
+	const ttl = 6 * time.Second
+	srv, err := localstore.Start(localstore.Config{WriteTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	admin := dial(t, srv.Addr())
+	ctx := testCtx(t)
+	mk := func(id string, c *sskv.Client) *lock.Lock {
+		return newLock(t, c, lock.Config{Name: "x", HolderID: id, TTL: ttl, FenceKey: true})
+	}
+	ch, cl, cm1, cm2 := dialPatient(t, srv.Addr()), dial(t, srv.Addr()), dialPatient(t, srv.Addr()), dialPatient(t, srv.Addr())
+	h, l, m1, m2 := mk("h", ch), mk("l", cl), mk("m1", cm1), mk("m2", cm2)
+	// H takes the lock from H0 by its turn, so that it keeps the queue.
+	h0 := mk("h0", dial(t, srv.Addr()))
+	if err := h0.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hDone := make(chan error, 1)
+	go func() { hDone <- h.Lock(ctx) }()
+	time.Sleep(300 * time.Millisecond)
+	if err := h0.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-hDone; err != nil {
+		t.Fatal(err)
+	}
+	lctx, lcancel := context.WithCancel(ctx)
+	defer lcancel()
+	lDone := make(chan error, 1)
+	go func() { lDone <- l.Lock(lctx) }()
+	time.Sleep(300 * time.Millisecond)
+	type res struct {
+		l   *lock.Lock
+		err error
+		at  time.Time
+	}
+	mDone := make(chan res, 2)
+	for _, m := range []*lock.Lock{m1, m2} {
+		go func() {
+			err := m.Lock(ctx)
+			mDone <- res{m, err, time.Now()}
+		}()
+		time.Sleep(300 * time.Millisecond)
+	}
+
+	watch, err := admin.Watch(ctx, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Stop()
+	next := func(what string, within time.Duration, ok func(lock.Holder, sskv.Event) bool) {
+		t.Helper()
+		for {
+			select {
+			case ev := <-watch.Events():
+				hd := lock.ParseHolder(ev.Value, ev.Version)
+				t.Logf("x: %v %q v%v", ev.Op, ev.Value, ev.Version)
+				if ok(hd, ev) {
+					return
+				}
+			case <-time.After(within):
+				t.Fatalf("no %s", what)
+			}
+		}
+	}
+
+	// 1.
+	if err := srv.Hold(cl.ID(), localstore.FromStore); err != nil {
+		t.Fatal(err)
+	}
+	srv.SetResponseFault(ch.ID(), localstore.ResponseFault{Delay: 200 * time.Millisecond})
+	go func() { _ = h.Unlock(ctx) }()
+	next("reservation", 5*time.Second, func(hd lock.Holder, ev sskv.Event) bool { return ev.Op == sskv.OpSet && hd.ID == "l" })
+	if err := srv.Hold(ch.ID(), localstore.ToStore); err != nil {
+		t.Fatal(err)
+	}
+	r0 := time.Now()
+	// 2.
+	time.Sleep(300 * time.Millisecond)
+	lcancel()
+	if err := <-lDone; err == nil {
+		t.Fatal("l's Lock succeeded")
+	}
+	srv.Release(cl.ID())
+	time.Sleep(200 * time.Millisecond)
+	// 3.
+	for _, c := range []*sskv.Client{cm1, cm2} {
+		if err := srv.Hold(c.ID(), localstore.FromStore); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 4.
+	next("expiry of the reservation", 2*ttl, func(_ lock.Holder, ev sskv.Event) bool { return ev.Op == sskv.OpDelete })
+	t.Logf("reservation expired %v after it was written", time.Since(r0))
+	srv.SetResponseFault(cl.ID(), localstore.ResponseFault{Delay: 1200 * time.Millisecond})
+	for _, c := range []*sskv.Client{cm1, cm2} {
+		srv.SetResponseFault(c.ID(), localstore.ResponseFault{Delay: 1500 * time.Millisecond})
+	}
+	lRes := make(chan res, 1)
+	var lOK bool
+	go func() {
+		ok, err := l.TryLock(ctx)
+		lOK = ok
+		lRes <- res{l, err, time.Now()}
+	}()
+	next("l's SET NEX", 5*time.Second, func(hd lock.Holder, ev sskv.Event) bool { return ev.Op == sskv.OpSet && hd.ID == "l" })
+	// 5.
+	srv.SetResponseFault(ch.ID(), localstore.ResponseFault{})
+	srv.Release(ch.ID())
+	deleted := false
+	select {
+	case ev := <-watch.Events():
+		t.Logf("x: %v %q v%v", ev.Op, ev.Value, ev.Version)
+		deleted = ev.Op == sskv.OpDelete
+	case <-time.After(time.Second):
+	}
+	t.Logf("l's key deleted between its two SETs: %v", deleted)
+	// 6.
+	srv.Release(cm1.ID())
+	srv.Release(cm2.ID())
+	lr := <-lRes
+	var mr res
+	select {
+	case mr = <-mDone:
+	case <-time.After(4 * time.Second):
+	}
+	lErr := l.Err()
+	var mErr error = lock.ErrNotHeld
+	if mr.l != nil {
+		mErr = mr.l.Err()
+	}
+	drain := time.After(200 * time.Millisecond)
+	for done := false; !done; {
+		select {
+		case ev, ok := <-watch.Events():
+			if !ok {
+				done = true
+				break
+			}
+			t.Logf("x: %v %q v%v", ev.Op, ev.Value, ev.Version)
+		case <-drain:
+			done = true
+		}
+	}
+	t.Logf("l: TryLock = %v, %v (token %v); m: %v (token %v)", lOK, lr.err, l.Token(), mr.err, func() any {
+		if mr.l == nil {
+			return nil
+		}
+		return mr.l.Token()
+	}())
+	if lOK && mr.l != nil && mr.err == nil {
+		t.Errorf("l (token %v) and %s (token %v) both acquired x, returning %v apart; once both had returned: l.Err = %v, %s.Err = %v",
+			l.Token(), mr.l.HolderID(), mr.l.Token(), lr.at.Sub(mr.at).Abs(), lErr, mr.l.HolderID(), mErr)
+	}
+}
