@@ -100,35 +100,8 @@ func TestSemaphoreLateOfferDecline(t *testing.T) {
 		cz := dial(t, srv.Addr())
 		zs, czs = append(zs, part(id, cz)), append(czs, cz)
 	}
-	if _, err := admin.Set(ctx, slot1, []byte("dummy"), sskv.SetOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := k0.Acquire(ctx); err != nil || k0.Slot() != 0 {
-		t.Fatalf("k0: %v, slot %d", err, k0.Slot())
-	}
-	if _, err := admin.Del(ctx, slot1, sskv.DelOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := y.Acquire(ctx); err != nil || y.Slot() != 1 {
-		t.Fatalf("y: %v, slot %d", err, y.Slot())
-	}
-	kDone := make(chan error, 1)
-	go func() { kDone <- k.Acquire(ctx) }()
-	waitFor(t, "k waiting", func() bool { return srv.Watching(ck.ID(), slot0) })
-	time.Sleep(100 * time.Millisecond)
-	if err := k0.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-kDone; err != nil || k.Slot() != 0 {
-		t.Fatalf("k: %v, slot %d", err, k.Slot())
-	}
-
-	// W waits in K's queue; K watches slot 1 for it.
-	wctx, wcancel := context.WithCancel(ctx)
+	wcancel, wDone := keeperRig(ctx, t, srv, admin, ck, k0, y, k, w)
 	defer wcancel()
-	wDone := make(chan error, 1)
-	go func() { wDone <- w.Acquire(wctx) }()
-	waitFor(t, "k watching slot 1 for its waiter", func() bool { return srv.Watching(ck.ID(), slot1) })
 
 	watch, err := admin.Watch(ctx, slot1)
 	if err != nil {

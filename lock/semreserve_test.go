@@ -62,35 +62,8 @@ func TestSemaphoreStaleReservation(t *testing.T) {
 		z, cz := part(id)
 		zs, czs = append(zs, z), append(czs, cz)
 	}
-	if _, err := admin.Set(ctx, slot1, []byte("dummy"), sskv.SetOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := k0.Acquire(ctx); err != nil || k0.Slot() != 0 {
-		t.Fatalf("k0: %v, slot %d", err, k0.Slot())
-	}
-	if _, err := admin.Del(ctx, slot1, sskv.DelOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := y.Acquire(ctx); err != nil || y.Slot() != 1 {
-		t.Fatalf("y: %v, slot %d", err, y.Slot())
-	}
-	kDone := make(chan error, 1)
-	go func() { kDone <- k.Acquire(ctx) }()
-	waitFor(t, "k waiting", func() bool { return srv.Watching(ck.ID(), lock.SemaphoreSlot("s", 0)) })
-	time.Sleep(100 * time.Millisecond)
-	if err := k0.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-kDone; err != nil || k.Slot() != 0 {
-		t.Fatalf("k: %v, slot %d", err, k.Slot())
-	}
-
-	// W waits in K's queue; K watches slot 1 for it.
-	wctx, wcancel := context.WithCancel(ctx)
+	wcancel, wDone := keeperRig(ctx, t, srv, admin, ck, k0, y, k, w)
 	defer wcancel()
-	wDone := make(chan error, 1)
-	go func() { wDone <- w.Acquire(wctx) }()
-	waitFor(t, "k watching slot 1 for its waiter", func() bool { return srv.Watching(ck.ID(), slot1) })
 
 	watch, err := admin.Watch(ctx, slot1)
 	if err != nil {
@@ -202,4 +175,45 @@ func TestSemaphoreStaleReservation(t *testing.T) {
 			t.Logf("w's holding still lasts 5 s later")
 		}
 	}
+}
+
+// keeperRig sets up participants of semaphore "s" (limit 2) so that k keeps
+// slot 0's queue (it waited for slot 0, and k0 handed it over), y holds
+// slot 1, and w waits in k's queue, with k watching slot 1 for it. It
+// returns the cancel of w's Acquire, and where its result comes.
+func keeperRig(ctx context.Context, t *testing.T, srv *localstore.Server, admin, ck *sskv.Client, k0, y, k, w *lock.Semaphore) (context.CancelFunc, <-chan error) {
+	t.Helper()
+	slot0, slot1 := lock.SemaphoreSlot("s", 0), lock.SemaphoreSlot("s", 1)
+	// k0 must take slot 0, and y slot 1: each tries the slots from a
+	// random one.
+	if _, err := admin.Set(ctx, slot1, []byte("dummy"), sskv.SetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := k0.Acquire(ctx); err != nil || k0.Slot() != 0 {
+		t.Fatalf("k0: %v, slot %d", err, k0.Slot())
+	}
+	if _, err := admin.Del(ctx, slot1, sskv.DelOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := y.Acquire(ctx); err != nil || y.Slot() != 1 {
+		t.Fatalf("y: %v, slot %d", err, y.Slot())
+	}
+	kDone := make(chan error, 1)
+	go func() { kDone <- k.Acquire(ctx) }()
+	waitFor(t, "k waiting", func() bool { return srv.Watching(ck.ID(), slot0) })
+	// Time for k0 to confirm k's join (nothing outside the package shows
+	// it), so that k0's release hands slot 0 and its queue to k.
+	time.Sleep(100 * time.Millisecond)
+	if err := k0.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-kDone; err != nil || k.Slot() != 0 {
+		t.Fatalf("k: %v, slot %d", err, k.Slot())
+	}
+	// w waits in k's queue; k watches slot 1 for it.
+	wctx, wcancel := context.WithCancel(ctx)
+	wDone := make(chan error, 1)
+	go func() { wDone <- w.Acquire(wctx) }()
+	waitFor(t, "k watching slot 1 for its waiter", func() bool { return srv.Watching(ck.ID(), slot1) })
+	return wcancel, wDone
 }
