@@ -290,10 +290,15 @@ func BenchmarkManyLocks(b *testing.B) {
 			b.ReportMetric(float64(len(renewals))/window.Seconds(), "renewals/s")
 			b.StopTimer()
 			lost := 0
+			reasons := map[string]int{} // why the locks were lost, for the log
 			for _, l := range ls {
-				if l.Err() != nil {
+				if err := l.Err(); err != nil {
 					lost++
+					reasons[strings.TrimPrefix(err.Error(), fmt.Sprintf("lock %q: ", l.Name()))]++
 				}
+			}
+			for why, k := range reasons {
+				b.Logf("%d locks lost: %s", k, why)
 			}
 			missing, err := countMissing(e.ctx, checker, keys, ids)
 			if err != nil {

@@ -408,7 +408,7 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 		if l.cfg.FenceKey {
 			// The holding's guard goes on with the watch of the key.
 			if kw = q.takeKeyWatch(); kw.w != nil {
-				l.watch = waitWatch{w: kw.w, cancel: kw.cancel}
+				l.watch = waitWatch(kw)
 			}
 		}
 		ok, err := l.attemptFenced(ctx, cn, ft)
