@@ -303,15 +303,15 @@
 // takes the waiter out of the queue and tells it, and the waiter takes the
 // slot as a Lock takes a key reserved for it (fenced with the
 // reservation's version). Being fenced, a reservation can be taken only
-// that way, and is deleted (when its waiter has gone) only by a VDEL
-// fenced as well: the waiter's own attempts on the slot, which write the
-// same record, cannot take it unfenced, and so a deleted reservation can
-// never take an acquisition under way with it. A give-back of a
-// reservation by the one it was for (a Lock's or a participant's, when an
-// offer or a turn comes after it stopped waiting) runs with the turn of
-// the Lock that writes that record: the message may come after the
-// reservation expired, and the VDEL must not land between the two SETs of
-// that Lock's own acquisition. Slot 0 itself goes to the first waiter at its holder's release,
+// that way: the waiter's own attempts on the slot, which write the same
+// record, cannot take it unfenced. It is deleted only by the one it was
+// for (a Lock's or a participant's, when an offer or a turn comes after it
+// stopped waiting: the holder that made it tells it even if it has left),
+// with a VDEL fenced as well and run with the turn of the Lock that writes
+// that record. A message may reach the store long after it was sent (its
+// path froze), after the reservation expired and that Lock's own
+// acquisition recreated the key with the same record; only that Lock can
+// keep the VDEL out of its acquisition's two SETs. Slot 0 itself goes to the first waiter at its holder's release,
 // as a Lock's key. A waiter sends nothing while the holders renew; the
 // holder of slot 0 pays for the watches (a KEYNOTIFY per other slot when
 // someone starts waiting, and a SET NX and a message per slot it passes

@@ -461,16 +461,23 @@ func (s *Semaphore) reserve(ctx context.Context, l0 *Lock, j int, first entry) e
 	if err != nil || !res.Applied {
 		return err // held: its release or expiry will tell
 	}
-	if !l0.served(first.id) {
-		// It left, or this participant is releasing slot 0 and hands the
-		// queue on: give the slot back.
-		_, err := s.c.VDel(ctx, key, first.rec, sskv.DelOptions{FencingToken: ft})
-		return errors.Join(errors.New("the first waiter is no longer this holder's"), err)
-	}
+	// If the waiter left meanwhile, or this participant is releasing slot 0
+	// and hands the queue on, it is told all the same: it takes the slot
+	// if it still waits, or else declines the offer and so deletes the
+	// reservation, with its slot Lock's turn (see decline). A VDEL from
+	// here could not be ordered with the waiter's own attempts on the
+	// slot: sent on a path that froze, it could reach the store after the
+	// reservation expired and the waiter's own acquisition had recreated
+	// the key with the same record, without a token yet, and delete it
+	// between that acquisition's two SETs.
+	served := l0.served(first.id)
 	if _, err := s.c.Set(ctx, l0.inbox(first.id), offerBody(j, res.Version), l0.msgOptions()); err != nil {
 		// Not told: the reservation expires after the TTL, and the slot
 		// goes to the next waiter then.
 		return err
+	}
+	if !served {
+		return errors.New("the first waiter is no longer this holder's; it was told, to take the slot or give it back")
 	}
 	return nil
 }
