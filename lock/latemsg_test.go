@@ -157,73 +157,13 @@ func TestSemaphoreLateOfferDecline(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 
-	// 4. W's TryAcquire, with slow answers.
-	srv.SetResponseFault(cw.ID(), localstore.ResponseFault{Delay: 1200 * time.Millisecond})
-	for _, cz := range czs {
-		srv.SetResponseFault(cz.ID(), localstore.ResponseFault{Delay: 800 * time.Millisecond})
-	}
-	type result struct {
-		s   *lock.Semaphore
-		ok  bool
-		err error
-		at  time.Time
-	}
-	wRes, zRes := make(chan result, 1), make(chan result, len(zs))
-	go func() {
-		ok, err := w.TryAcquire(ctx)
-		wRes <- result{w, ok, err, time.Now()}
-	}()
-	var wr result
-	wReturned := false
-	for waiting := true; waiting; {
-		select {
-		case ev := <-watch.Events():
-			h := lock.ParseHolder(ev.Value, ev.Version)
-			t.Logf("slot 1: %v %q v%v", ev.Op, ev.Value, ev.Version)
-			waiting = !(ev.Op == sskv.OpSet && h.ID == "w")
-		case wr = <-wRes:
-			wReturned, waiting = true, false
-		case <-time.After(10 * time.Second):
-			t.Fatal("w's TryAcquire neither wrote slot 1 nor returned")
-		}
-	}
-	t.Logf("w's SET NEX on slot 1 %v after the reservation", time.Since(r0))
-	// 5, 6. Z starts; K's path heals, and its late msgSlot reaches W.
-	for _, z := range zs {
-		go func() {
-			ok, err := z.TryAcquire(ctx)
-			zRes <- result{z, ok, err, time.Now()}
-		}()
-	}
-	srv.SetResponseFault(ck.ID(), localstore.ResponseFault{})
-	srv.Release(ck.ID())
-
-	if !wReturned {
-		wr = <-wRes
-	}
-	zr := result{s: zs[0]}
-	for range zs {
-		if r := <-zRes; r.ok {
-			zr = r
-		}
-	}
-	z := zr.s
-	wErr, zErr := w.Err(), z.Err()
-	drain := time.After(200 * time.Millisecond)
-	for done := false; !done; {
-		select {
-		case ev := <-watch.Events():
-			t.Logf("slot 1: %v %q v%v", ev.Op, ev.Value, ev.Version)
-		case <-drain:
-			done = true
-		}
-	}
-	t.Logf("w: TryAcquire = %v, %v (slot %d, token %v); %s: TryAcquire = %v, %v (slot %d, token %v)",
-		wr.ok, wr.err, w.Slot(), w.Token(), z.HolderID(), zr.ok, zr.err, z.Slot(), z.Token())
-	if wr.ok && zr.ok && w.Slot() == z.Slot() {
-		t.Errorf("w (token %v) and %s (token %v) both acquired slot %d, returning %v apart; once both had returned: w.Err = %v, %s.Err = %v",
-			w.Token(), z.HolderID(), z.Token(), w.Slot(), wr.at.Sub(zr.at).Abs(), wErr, z.HolderID(), zErr)
-	}
+	// 4-8. W's TryAcquire, with slow answers; once its SET NEX reached slot 1,
+	// the Zs try, and K's path heals.
+	raceForSlot(ctx, t, srv, watch, w, cw, zs, czs, 1200*time.Millisecond, 800*time.Millisecond,
+		func(h lock.Holder, ev sskv.Event) bool { return ev.Op == sskv.OpSet && h.ID == "w" }, func() {
+			srv.SetResponseFault(ck.ID(), localstore.ResponseFault{})
+			srv.Release(ck.ID())
+		})
 }
 
 // TestLockLateTurnHandOn: a turn (msgTurn) with a reservation that

@@ -100,81 +100,16 @@ func TestSemaphoreStaleReservation(t *testing.T) {
 	if err := <-wDone; err == nil {
 		t.Fatalf("w's Acquire succeeded (slot %d)", w.Slot())
 	}
-	// 3. W's TryAcquire, with slow answers.
-	srv.SetResponseFault(cw.ID(), localstore.ResponseFault{Delay: 1500 * time.Millisecond})
-	for _, cz := range czs {
-		srv.SetResponseFault(cz.ID(), localstore.ResponseFault{Delay: 1000 * time.Millisecond})
-	}
-	type result struct {
-		s   *lock.Semaphore
-		ok  bool
-		err error
-		at  time.Time
-	}
-	wRes, zRes := make(chan result, 1), make(chan result, len(zs))
-	go func() {
-		ok, err := w.TryAcquire(ctx)
-		wRes <- result{w, ok, err, time.Now()}
-	}()
-	// W's SET on slot 1 applies on top of the reservation (if the
-	// reservation lets it), or W's TryAcquire gives up.
-	var wr result
-	wReturned := false
-	for waiting := true; waiting; {
-		select {
-		case ev := <-watch.Events():
-			h := lock.ParseHolder(ev.Value, ev.Version)
-			t.Logf("slot 1: %v %q v%v", ev.Op, ev.Value, ev.Version)
-			waiting = !(ev.Op == sskv.OpSet && h.ID == "w" && ev.Version.After(res.Version))
-		case wr = <-wRes:
-			wReturned, waiting = true, false
-		case <-time.After(10 * time.Second):
-			t.Fatal("w's TryAcquire neither wrote slot 1 nor returned")
-		}
-	}
-	// 4, 5. Z starts; K gets its answer.
-	for _, z := range zs {
-		go func() {
-			ok, err := z.TryAcquire(ctx)
-			zRes <- result{z, ok, err, time.Now()}
-		}()
-	}
-	srv.SetResponseFault(ck.ID(), localstore.ResponseFault{})
-	srv.Release(ck.ID())
-
-	if !wReturned {
-		wr = <-wRes
-	}
-	zr := result{s: zs[0]}
-	for range zs {
-		if r := <-zRes; r.ok {
-			zr = r
-		}
-	}
-	z := zr.s
-	wErr := w.Err() // once both have returned
-	// The rest of slot 1's history, as the observer saw it.
-	drain := time.After(200 * time.Millisecond)
-	for done := false; !done; {
-		select {
-		case ev := <-watch.Events():
-			t.Logf("slot 1: %v %q v%v", ev.Op, ev.Value, ev.Version)
-		case <-drain:
-			done = true
-		}
-	}
-	t.Logf("w: TryAcquire = %v, %v (slot %d, token %v); %s: TryAcquire = %v, %v (slot %d, token %v)",
-		wr.ok, wr.err, w.Slot(), w.Token(), z.HolderID(), zr.ok, zr.err, z.Slot(), z.Token())
-	if wr.ok && zr.ok && w.Slot() == z.Slot() {
-		t.Errorf("w (token %v) and %s (token %v) both acquired slot %d, returning %v apart; w's holding once both had returned: Err = %v",
-			w.Token(), z.HolderID(), z.Token(), w.Slot(), wr.at.Sub(zr.at).Abs(), wErr)
-		select {
-		case <-w.Done():
-			t.Logf("w's holding ended: %v", w.Err())
-		case <-time.After(5 * time.Second):
-			t.Logf("w's holding still lasts 5 s later")
-		}
-	}
+	// 3-7. W's TryAcquire, with slow answers: its SET on slot 1 applies
+	// on top of the reservation (if the reservation lets it), or it gives
+	// up; then the Zs try, and K gets its answer.
+	raceForSlot(ctx, t, srv, watch, w, cw, zs, czs, 1500*time.Millisecond, 1000*time.Millisecond,
+		func(h lock.Holder, ev sskv.Event) bool {
+			return ev.Op == sskv.OpSet && h.ID == "w" && ev.Version.After(res.Version)
+		}, func() {
+			srv.SetResponseFault(ck.ID(), localstore.ResponseFault{})
+			srv.Release(ck.ID())
+		})
 }
 
 // keeperRig sets up participants of semaphore "s" (limit 2) so that k keeps
@@ -216,4 +151,78 @@ func keeperRig(ctx context.Context, t *testing.T, srv *localstore.Server, admin,
 	go func() { wDone <- w.Acquire(wctx) }()
 	waitFor(t, "k watching slot 1 for its waiter", func() bool { return srv.Watching(ck.ID(), slot1) })
 	return wcancel, wDone
+}
+
+// raceForSlot ends the reservation tests: w tries the slots, its answers
+// delayed by wDelay, and once its SET has reached slot 1 (wrote tells
+// which event of watch, a watch of slot 1, that is) or it gave up, the
+// fresh participants zs try too, their answers delayed by zDelay (czs are
+// their clients), and heal lets the late message go. It fails t if w and
+// one of zs both acquired one slot.
+func raceForSlot(ctx context.Context, t *testing.T, srv *localstore.Server, watch *sskv.Watcher,
+	w *lock.Semaphore, cw *sskv.Client, zs []*lock.Semaphore, czs []*sskv.Client,
+	wDelay, zDelay time.Duration, wrote func(lock.Holder, sskv.Event) bool, heal func()) {
+	t.Helper()
+	srv.SetResponseFault(cw.ID(), localstore.ResponseFault{Delay: wDelay})
+	for _, cz := range czs {
+		srv.SetResponseFault(cz.ID(), localstore.ResponseFault{Delay: zDelay})
+	}
+	type result struct {
+		s   *lock.Semaphore
+		ok  bool
+		err error
+		at  time.Time
+	}
+	wRes, zRes := make(chan result, 1), make(chan result, len(zs))
+	go func() {
+		ok, err := w.TryAcquire(ctx)
+		wRes <- result{w, ok, err, time.Now()}
+	}()
+	var wr result
+	wReturned := false
+	for waiting := true; waiting; {
+		select {
+		case ev := <-watch.Events():
+			t.Logf("slot 1: %v %q v%v", ev.Op, ev.Value, ev.Version)
+			waiting = !wrote(lock.ParseHolder(ev.Value, ev.Version), ev)
+		case wr = <-wRes:
+			wReturned, waiting = true, false
+		case <-time.After(10 * time.Second):
+			t.Fatal("w's TryAcquire neither wrote slot 1 nor returned")
+		}
+	}
+	for _, z := range zs {
+		go func() {
+			ok, err := z.TryAcquire(ctx)
+			zRes <- result{z, ok, err, time.Now()}
+		}()
+	}
+	heal()
+	if !wReturned {
+		wr = <-wRes
+	}
+	zr := result{s: zs[0]}
+	for range zs {
+		if r := <-zRes; r.ok {
+			zr = r
+		}
+	}
+	z := zr.s
+	wErr, zErr := w.Err(), z.Err() // once both have returned
+	// The rest of slot 1's history, as the observer saw it.
+	drain := time.After(200 * time.Millisecond)
+	for done := false; !done; {
+		select {
+		case ev := <-watch.Events():
+			t.Logf("slot 1: %v %q v%v", ev.Op, ev.Value, ev.Version)
+		case <-drain:
+			done = true
+		}
+	}
+	t.Logf("w: TryAcquire = %v, %v (slot %d, token %v); %s: TryAcquire = %v, %v (slot %d, token %v)",
+		wr.ok, wr.err, w.Slot(), w.Token(), z.HolderID(), zr.ok, zr.err, z.Slot(), z.Token())
+	if wr.ok && zr.ok && w.Slot() == z.Slot() {
+		t.Errorf("w (token %v) and %s (token %v) both acquired slot %d, returning %v apart; once both had returned: w.Err = %v, %s.Err = %v",
+			w.Token(), z.HolderID(), z.Token(), w.Slot(), wr.at.Sub(zr.at).Abs(), wErr, z.HolderID(), zErr)
+	}
 }
