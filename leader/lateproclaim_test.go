@@ -2,7 +2,6 @@ package leader_test
 
 import (
 	"bytes"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -58,17 +57,14 @@ func dialPatient(t *testing.T, addr, id string) *sskv.Client {
 //
 // Code at fault: lock/holding.go write: a rewrite (SetValue) is an
 // unconditional fenced SET, which a key without a token accepts; and
-// leader/observe.go reports a token older than one it reported ended.
+// leader/observe.go reported a token of a term it had reported ended.
 //
-// Not fixed yet, so skipped: W still takes the key (its fenced SET is
-// newer), and exclusion holds, but observers (and Leader) see the ended
-// term again for a moment. A fix must keep Observe reporting the new
-// leader after a store restart, whose tokens may be lower than the old
-// ones; see the notes of the session that found it.
+// Fixed in Observe, which remembers the tokens of the last terms it saw
+// end and does not report them again. W still takes the key (its fenced
+// SET is newer), so exclusion never depended on it. Leader, a single GET,
+// can still return the ended term while the late write is on the key; its
+// doc says so.
 func TestObserveLateProclaim(t *testing.T) {
-	if os.Getenv("DSSLOCK_KNOWN_BUGS") == "" {
-		t.Skip("known: a late Proclaim can make Observe report an ended term again (set DSSLOCK_KNOWN_BUGS=1 to run)")
-	}
 	const ttl = 6 * time.Second
 	srv, err := localstore.Start(localstore.Config{WriteTimeout: time.Minute})
 	if err != nil {
@@ -96,6 +92,12 @@ func TestObserveLateProclaim(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var got []seen
+	select {
+	case s := <-states:
+		got = append(got, seen{s, time.Now()})
+	case <-ctx.Done():
+		t.Fatal("no first state from Observe")
+	}
 	go func() {
 		for s := range states {
 			mu.Lock()
@@ -109,7 +111,6 @@ func TestObserveLateProclaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer watch.Stop()
-	time.Sleep(200 * time.Millisecond)
 
 	// 2.
 	if err := srv.Hold(ch.ID(), localstore.ToStore); err != nil {
@@ -167,15 +168,20 @@ taken:
 	}
 	t.Cleanup(func() { _ = wr.term.Resign(ctx) })
 	drain := time.After(500 * time.Millisecond)
+	landed := false // the late Proclaim reached the key
 	for done := false; !done; {
 		select {
 		case ev := <-watch.Events():
 			t.Logf("e: %v %q v%v", ev.Op, ev.Value, ev.Version)
+			landed = landed || (ev.Op == sskv.OpSet && bytes.HasSuffix(ev.Value, []byte("h2")))
 		case <-drain:
 			done = true
 		}
 	}
 	_ = h.Resign(ctx)
+	if !landed {
+		t.Log("the late Proclaim did not land between w's two SETs this time; nothing to check")
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	for _, g := range got {

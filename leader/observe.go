@@ -46,6 +46,11 @@ func stateOf(value []byte, version hlc.Timestamp) State {
 
 // Leader returns who leads the election now (one GET). A State without a
 // leader is not an error.
+//
+// It reads the key as it is: for the moment that a write of an ended term
+// reaching the store late (a Proclaim held on a frozen path) sits on the
+// key before the next leader's token replaces it, Leader returns that
+// ended term. Observe does not report it again.
 func Leader(ctx context.Context, c *sskv.Client, election string) (State, error) {
 	res, err := c.Get(ctx, election)
 	if err != nil {
@@ -58,6 +63,10 @@ func Leader(ctx context.Context, c *sskv.Client, election string) (State, error)
 // not reading; beyond it, changes are coalesced into one Resync state.
 const observeQueue = 64
 
+// observeEnded is how many ended terms Observe remembers, so as not to
+// report one again.
+const observeEnded = 4
+
 // Observe reports the leadership of the election: first its state now,
 // then each change (a new term, a Proclaim, nobody leading) in order. It
 // sends no request while a leader merely renews.
@@ -65,7 +74,9 @@ const observeQueue = 64
 // It survives reconnects: a change that happened while the connection was
 // down is reported as a State with Resync set, never skipped silently. A
 // consumer that falls behind by more than 64 changes gets the latest
-// state, with Resync set, in place of the ones it missed. The channel is
+// state, with Resync set, in place of the ones it missed. A term it has
+// reported ended is not reported again, even if a late write of that term
+// lands on the key for a moment. The channel is
 // closed when ctx ends or the client is closed. The error is that of the
 // first registration of the watch.
 func Observe(ctx context.Context, c *sskv.Client, election string, opts ...Option) (<-chan State, error) {
@@ -87,9 +98,33 @@ func Observe(ctx context.Context, c *sskv.Client, election string, opts ...Optio
 		retry.InitialInterval = 10 * time.Millisecond
 		retry.MaxInterval = time.Second
 		retry.MaxElapsedTime = 0
+		// ended holds the tokens of the last terms this observer saw end.
+		// A state with one of them is a late write of an ended term (a
+		// Proclaim held on a frozen path that lands between the two SETs
+		// of the next leader's acquisition) and is not reported. Only an
+		// exact token matches, so a new term after a store restart, whose
+		// token may be older, is never hidden.
+		var (
+			ended     [observeEnded]hlc.Timestamp
+			nextEnded int
+		)
 		push := func(s State) {
+			if s.HasLeader() && s.Token != last.Token {
+				for _, t := range ended {
+					if t == s.Token {
+						if log != nil {
+							log.Debug("observe: dropped a late write of an ended term", "election", election, "token", s.Token)
+						}
+						return
+					}
+				}
+			}
 			if s.same(last) {
 				return
+			}
+			if last.HasLeader() && s.Token != last.Token {
+				ended[nextEnded] = last.Token
+				nextEnded = (nextEnded + 1) % observeEnded
 			}
 			last = s
 			if len(queue) >= observeQueue {
