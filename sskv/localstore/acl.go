@@ -3,7 +3,7 @@ package localstore
 import (
 	"strings"
 
-	mqtt "github.com/mochi-mqtt/server/v2"
+	mqtt "github.com/dsslock/dsslock/sskv/localstore/internal/mochi"
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/dsslock/dsslock/sskv/internal/wire"

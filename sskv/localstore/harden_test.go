@@ -14,7 +14,7 @@ import (
 
 	"github.com/eclipse/paho.golang/packets"
 	"github.com/eclipse/paho.golang/paho"
-	mqtt "github.com/mochi-mqtt/server/v2"
+	mqtt "github.com/dsslock/dsslock/sskv/localstore/internal/mochi"
 
 	"github.com/dsslock/dsslock/hlc"
 	"github.com/dsslock/dsslock/internal/storetest"

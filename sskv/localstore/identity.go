@@ -10,7 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	mqtt "github.com/mochi-mqtt/server/v2"
+	mqtt "github.com/dsslock/dsslock/sskv/localstore/internal/mochi"
 	"github.com/mochi-mqtt/server/v2/packets"
 )
 

@@ -13,7 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	mqtt "github.com/mochi-mqtt/server/v2"
+	mqtt "github.com/dsslock/dsslock/sskv/localstore/internal/mochi"
 	"github.com/mochi-mqtt/server/v2/listeners"
 	"github.com/mochi-mqtt/server/v2/packets"
 )

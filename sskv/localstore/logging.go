@@ -4,7 +4,7 @@ import (
 	"context"
 	"log/slog"
 
-	mqtt "github.com/mochi-mqtt/server/v2"
+	mqtt "github.com/dsslock/dsslock/sskv/localstore/internal/mochi"
 	"github.com/mochi-mqtt/server/v2/packets"
 )
 

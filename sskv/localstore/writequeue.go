@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	mqtt "github.com/mochi-mqtt/server/v2"
+	mqtt "github.com/dsslock/dsslock/sskv/localstore/internal/mochi"
 	"github.com/mochi-mqtt/server/v2/packets"
 )
 
