@@ -69,7 +69,13 @@
 // state lock, so no client can stop it. What it sends a client is bounded:
 //
 //   - Notifications wait, in version order, in a queue per connection, which
-//     one goroutine per connection hands to the broker.
+//     a goroutine per connection hands to the broker; it runs only while
+//     the queue holds notifications.
+//   - An idle connection costs one goroutine, its reader, and about 10 KB
+//     (BenchmarkIdleConnectionCost). The broker is mochi-mqtt's, changed for
+//     this (see internal/mochi): its CONNECT handshake runs on a goroutine
+//     that ends with it, and a connection's writes run on a goroutine only
+//     while something is queued to it.
 //   - At most Config.MaxPendingMessages (default 8192) messages are held for
 //     a connection: QoS 1 messages sent and not yet acknowledged, plus queued
 //     notifications. A client that reaches the limit is disconnected with

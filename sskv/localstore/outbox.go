@@ -3,13 +3,14 @@ package localstore
 import (
 	"sync"
 
-	mqtt "github.com/dsslock/dsslock/sskv/localstore/internal/mochi"
 	"github.com/mochi-mqtt/server/v2/packets"
+
+	mqtt "github.com/dsslock/dsslock/sskv/localstore/internal/mochi"
 )
 
 // The store never does network I/O, or waits on a client, while it holds
 // s.mu. Publishing through the broker can wait: mochi's publishToClient takes
-// the receiving client's lock (Client.NextPacketID), and mochi's WriteLoop
+// the receiving client's lock (Client.NextPacketID), and mochi's writer
 // and WritePacket hold that same lock while they write to the client's
 // socket. A watcher that stopped reading therefore blocked every publish to
 // it, and when that publish happened under s.mu (as notifications did), it
@@ -17,9 +18,9 @@ import (
 // watcher.
 //
 // So a request only queues its notifications, under s.mu, in the outbox of
-// each watching connection, which keeps them in version order; one goroutine
-// per connection hands them to the broker, and only that goroutine waits if
-// the watcher is slow (at most Config.WriteTimeout, see deadlineConn). A
+// each watching connection, which keeps them in version order; a goroutine
+// per connection, which runs while its outbox holds notifications, hands
+// them to the broker, and only that goroutine waits if the watcher is slow (at most Config.WriteTimeout, see deadlineConn). A
 // connection that cannot keep up is disconnected (slowClient), as Redis
 // disconnects a slow pub/sub subscriber: never left connected with
 // notifications silently lost. The client's reconnect and resync then bring
@@ -36,8 +37,7 @@ type note struct {
 type outbox struct {
 	mu      sync.Mutex
 	notes   []note
-	started bool          // the drain goroutine runs
-	wake    chan struct{} // capacity 1: notes were added
+	running bool // a drain goroutine runs: it ends when notes is empty
 }
 
 // notify queues a notification for the connection rec. The caller holds s.mu.
@@ -60,54 +60,54 @@ func (s *Server) notify(rec *connRec, n note) {
 		return
 	}
 	o.notes = append(o.notes, n)
-	if !o.started {
-		o.started = true
-		o.wake = make(chan struct{}, 1)
+	if !o.running {
+		o.running = true
 		s.bg.Add(1)
 		go s.drain(rec)
 	}
 	o.mu.Unlock()
-	select {
-	case o.wake <- struct{}{}:
-	default:
-	}
 }
 
-// drain publishes rec's notifications in order until the connection ends.
+// drain publishes rec's notifications in order, until none is left or the
+// connection ends. An idle connection has no goroutine of its own here.
 func (s *Server) drain(rec *connRec) {
 	defer s.bg.Done()
 	o := &rec.out
 	for {
-		select {
-		case <-rec.done:
-			return
-		case <-o.wake:
-		}
-		for {
-			o.mu.Lock()
-			if len(o.notes) == 0 || rec.doomed.Load() {
-				o.notes = nil
-				o.mu.Unlock()
-				break
-			}
-			n := o.notes[0]
-			o.notes[0] = note{}
-			o.notes = o.notes[1:]
+		o.mu.Lock()
+		if len(o.notes) == 0 || rec.doomed.Load() || isDone(rec.done) {
+			o.notes = nil
+			o.running = false
 			o.mu.Unlock()
-			// Check before publishing: mochi drops a message silently (no
-			// hook, "client store quota reached") once a client has
-			// Capabilities.MaximumInflight messages unacknowledged.
-			if inflight := rec.cl.State.Inflight.Len(); inflight >= s.cfg.MaxPendingMessages {
-				s.slowClient(rec, "too many unacknowledged messages", "unacknowledged", inflight, "limit", s.cfg.MaxPendingMessages)
-				continue
-			}
-			props := notifyProps(n.ts)
-			if !s.fitsNotification(rec, n.topic, props, len(n.payload)) {
-				continue // rec is doomed: the queue is dropped
-			}
-			s.waitForRoom(rec.cl) // for a client that subscribed at QoS 0 too
-			s.publish(n.topic, n.payload, props)
+			return
 		}
+		n := o.notes[0]
+		o.notes[0] = note{}
+		o.notes = o.notes[1:]
+		o.mu.Unlock()
+		// Check before publishing: mochi drops a message silently (no
+		// hook, "client store quota reached") once a client has
+		// Capabilities.MaximumInflight messages unacknowledged.
+		if inflight := rec.cl.State.Inflight.Len(); inflight >= s.cfg.MaxPendingMessages {
+			s.slowClient(rec, "too many unacknowledged messages", "unacknowledged", inflight, "limit", s.cfg.MaxPendingMessages)
+			continue
+		}
+		props := notifyProps(n.ts)
+		if !s.fitsNotification(rec, n.topic, props, len(n.payload)) {
+			continue // rec is doomed: the queue is dropped
+		}
+		s.waitForRoom(rec.cl) // for a client that subscribed at QoS 0 too
+		s.publish(n.topic, n.payload, props)
+	}
+}
+
+// isDone reports whether done is closed.
+func isDone(done <-chan struct{}) bool {
+	select {
+	case <-done:
+		return true
+	default:
+		return false
 	}
 }
 

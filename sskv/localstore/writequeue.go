@@ -6,12 +6,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	mqtt "github.com/dsslock/dsslock/sskv/localstore/internal/mochi"
 	"github.com/mochi-mqtt/server/v2/packets"
+
+	mqtt "github.com/dsslock/dsslock/sskv/localstore/internal/mochi"
 )
 
 // mochi gives every client a buffered channel of pending writes, of
-// Capabilities.MaximumClientWritesPending packets, which its WriteLoop
+// Capabilities.MaximumClientWritesPending packets, which its writer
 // drains to the socket. A channel of 8192 pointers is 64 KiB per
 // connection, allocated when the connection is accepted: two thirds of what
 // an idle connection cost. The queue is now writeQueueSize long.
@@ -37,7 +38,7 @@ import (
 //     that subscribed at QoS 0 (which OnQosPublish does not see).
 //
 // A QoS 1 or 2 message also waits while the client's socket write is
-// blocked, as mochi's WriteLoop holds the client's lock while it writes and
+// blocked, as mochi's writer holds the client's lock while it writes and
 // mochi takes that lock to number the message. Senders to one client pass
 // the check concurrently only in the rare case that they race on the same
 // packet, and the free half of the queue (writeQueueSize - writeQueueRoom)

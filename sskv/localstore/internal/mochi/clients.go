@@ -155,6 +155,7 @@ type ClientState struct {
 	open            context.Context      // indicate that the client is open for packet exchange
 	cancelOpen      context.CancelFunc   // cancel function for open context
 	outboundQty     int32                // number of messages currently in the outbound queue
+	writing         atomic.Bool          // dsslock: a writer drains outbound (see startWriter)
 	Keepalive       uint16               // the number of seconds the connection can wait
 	ServerKeepalive bool                 // keepalive was set by the server
 }
@@ -190,17 +191,41 @@ func newClient(c net.Conn, o *ops) *Client {
 	return cl
 }
 
-// WriteLoop ranges over pending outbound messages and writes them to the client connection.
-func (cl *Client) WriteLoop() {
+// dsslock: mochi ran WriteLoop on a goroutine of its own for the whole life
+// of every connection, waiting on outbound even when nothing was queued: a
+// 4 KB stack per idle connection. Instead, whoever queues a packet calls
+// startWriter, which starts a writer if none runs, and the writer ends when
+// it finds the queue empty. One writer at a time drains the queue, so
+// packets are written in the order they were queued, as before.
+
+// startWriter makes sure a writer drains the outbound queue. Call it after
+// queuing a packet.
+func (cl *Client) startWriter() {
+	if cl.State.writing.CompareAndSwap(false, true) {
+		go cl.writeQueued()
+	}
+}
+
+// writeQueued writes the queued packets to the client connection, until
+// the queue is empty or the client is closed.
+func (cl *Client) writeQueued() {
 	for {
 		select {
 		case pk := <-cl.State.outbound:
 			if err := cl.WritePacket(*pk); err != nil {
-				// TODO : Figure out what to do with error
 				cl.ops.log.Debug("failed publishing packet", "error", err, "client", cl.ID, "packet", pk)
 			}
 			atomic.AddInt32(&cl.State.outboundQty, -1)
+			continue
 		case <-cl.State.open.Done():
+			return // writing stays set: no writer starts again
+		default:
+		}
+		// Empty. A packet queued from here on finds writing unset and
+		// starts a writer; one queued just before is seen by the check
+		// below, and this writer goes on unless another has started.
+		cl.State.writing.Store(false)
+		if len(cl.State.outbound) == 0 || !cl.State.writing.CompareAndSwap(false, true) {
 			return
 		}
 	}
@@ -363,8 +388,6 @@ func (cl *Client) ClearExpiredInflights(now, maximumExpiry int64) []uint16 {
 // Read reads incoming packets from the connected client and transforms them into
 // packets to be handled by the packetHandler.
 func (cl *Client) Read(packetHandler ReadFn) error {
-	var err error
-
 	for {
 		if cl.Closed() {
 			return nil
@@ -372,21 +395,29 @@ func (cl *Client) Read(packetHandler ReadFn) error {
 
 		cl.refreshDeadline(cl.State.Keepalive)
 		fh := new(packets.FixedHeader)
-		err = cl.ReadFixedHeader(fh)
+		err := cl.ReadFixedHeader(fh)
 		if err != nil {
 			return err
 		}
 
-		pk, err := cl.ReadPacket(fh)
-		if err != nil {
-			return err
-		}
-
-		err = packetHandler(cl, pk) // Process inbound packet.
+		err = cl.handle(fh, packetHandler)
 		if err != nil {
 			return err
 		}
 	}
+}
+
+// handle reads the rest of the packet fh begins and processes it.
+//
+// dsslock: out of Read, whose frame is on an idle connection's stack while
+// it waits for the next packet: the packet is more than a kilobyte, twice,
+// and that kept the reader's stack from shrinking to 4 KB.
+func (cl *Client) handle(fh *packets.FixedHeader, packetHandler ReadFn) error {
+	pk, err := cl.ReadPacket(fh)
+	if err != nil {
+		return err
+	}
+	return packetHandler(cl, pk) // Process inbound packet.
 }
 
 // Stop instructs the client to shut down all processing goroutines and disconnect.

@@ -403,77 +403,57 @@ func (s *Server) EstablishConnection(listener string, c net.Conn) error {
 
 // attachClient validates an incoming client connection and if viable, attaches the client
 // to the server, performs session housekeeping, and reads incoming packets.
+//
+// dsslock: the CONNECT handshake runs on a goroutine of its own, which ends
+// when the session is set up; this goroutine waits for it and then reads
+// the connection's packets. The handshake needs a deep stack (mochi's
+// frames, the hooks, the CONNACK), and a goroutine's stack is shrunk only
+// to twice what its parked frames use: run here, it left every idle
+// connection's reader with a 16 KB stack, where it needs 4 KB or less. A
+// panic in the handshake is raised again here as a *HandshakePanic, with
+// the stack where it began.
 func (s *Server) attachClient(cl *Client, listener string) error {
 	defer s.Listeners.ClientsWg.Done()
 	s.Listeners.ClientsWg.Add(1)
 
-	go cl.WriteLoop()
 	defer cl.Stop(nil)
 
-	pk, err := s.readConnectionPacket(cl)
-	if err != nil {
-		return fmt.Errorf("read connection: %w", err)
+	var (
+		counted bool
+		err     error
+		hp      *HandshakePanic
+		done    = make(chan struct{})
+	)
+	go func() {
+		defer close(done)
+		defer func() {
+			if p := recover(); p != nil {
+				pcs := make([]uintptr, 64)
+				hp = &HandshakePanic{Value: p, Stack: pcs[:runtime.Callers(2, pcs)]}
+			}
+		}()
+		counted, err = s.handshake(cl, listener)
+	}()
+	<-done
+	if counted {
+		defer atomic.AddInt64(&s.Info.ClientsConnected, -1)
 	}
-
-	cl.ParseConnect(listener, pk)
-	if atomic.LoadInt64(&s.Info.ClientsConnected) >= s.Options.Capabilities.MaximumClients {
-		if cl.Properties.ProtocolVersion < 5 {
-			s.SendConnack(cl, packets.ErrServerUnavailable, false, nil)
-		} else {
-			s.SendConnack(cl, packets.ErrServerBusy, false, nil)
-		}
-
-		return packets.ErrServerBusy
+	if hp != nil {
+		panic(hp)
 	}
-
-	code := s.validateConnect(cl, pk) // [MQTT-3.1.4-1] [MQTT-3.1.4-2]
-	if code != packets.CodeSuccess {
-		if err := s.SendConnack(cl, code, false, nil); err != nil {
-			return fmt.Errorf("invalid connection send ack: %w", err)
-		}
-		return code // [MQTT-3.2.2-7] [MQTT-3.1.4-6]
-	}
-
-	err = s.hooks.OnConnect(cl, pk)
 	if err != nil {
 		return err
 	}
 
-	cl.refreshDeadline(cl.State.Keepalive)
-	if !s.hooks.OnConnectAuthenticate(cl, pk) { // [MQTT-3.1.4-2]
-		err := s.SendConnack(cl, packets.ErrBadUsernameOrPassword, false, nil)
-		if err != nil {
-			return fmt.Errorf("invalid connection send ack: %w", err)
-		}
-
-		return packets.ErrBadUsernameOrPassword
-	}
-
-	atomic.AddInt64(&s.Info.ClientsConnected, 1)
-	defer atomic.AddInt64(&s.Info.ClientsConnected, -1)
-
-	s.hooks.OnSessionEstablish(cl, pk)
-
-	sessionPresent := s.inheritClientSession(pk, cl)
-	s.Clients.Add(cl) // [MQTT-4.1.0-1]
-
-	err = s.SendConnack(cl, code, sessionPresent, nil) // [MQTT-3.1.4-5] [MQTT-3.2.0-1] [MQTT-3.2.0-2] &[MQTT-3.14.0-1]
-	if err != nil {
-		return fmt.Errorf("ack connection packet: %w", err)
-	}
-
-	s.loop.willDelayed.Delete(cl.ID) // [MQTT-3.1.3-9]
-
-	if sessionPresent {
-		err = cl.ResendInflightMessages(true)
-		if err != nil {
-			return fmt.Errorf("resend inflight: %w", err)
-		}
-	}
-
-	s.hooks.OnSessionEstablished(cl, pk)
-
 	err = cl.Read(s.receivePacket)
+	s.detachClient(cl, listener, err)
+	return err
+}
+
+// detachClient does what a client's connection ending calls for: its will,
+// its session if that does not outlive the connection (dsslock: out of
+// attachClient, to keep its frame small on an idle connection's stack).
+func (s *Server) detachClient(cl *Client, listener string, err error) {
 	if err != nil {
 		s.sendLWT(cl)
 		cl.Stop(err)
@@ -490,8 +470,87 @@ func (s *Server) attachClient(cl *Client, listener string) error {
 		s.UnsubscribeClient(cl)
 		s.Clients.Delete(cl.ID) // [MQTT-4.1.0-2] ![MQTT-3.1.2-23]
 	}
+}
 
-	return err
+// HandshakePanic is what attachClient panics with when the CONNECT
+// handshake panicked (dsslock: the handshake runs on a goroutine of its own).
+type HandshakePanic struct {
+	Value any       // what the handshake panicked with
+	Stack []uintptr // the program counters where the panic began, as runtime.Callers gives them
+}
+
+func (p *HandshakePanic) Error() string {
+	return fmt.Sprintf("mqtt: connect handshake panicked: %v", p.Value)
+}
+
+// handshake reads the client's CONNECT, validates and authenticates it,
+// sets up the session and acknowledges it (dsslock: the first part of
+// mochi's attachClient, now run on a goroutine of its own). counted reports whether the client was added to
+// Info.ClientsConnected, which the caller then takes it from when it ends;
+// the session is established if err is nil.
+func (s *Server) handshake(cl *Client, listener string) (counted bool, err error) {
+	pk, err := s.readConnectionPacket(cl)
+	if err != nil {
+		return false, fmt.Errorf("read connection: %w", err)
+	}
+
+	cl.ParseConnect(listener, pk)
+	if atomic.LoadInt64(&s.Info.ClientsConnected) >= s.Options.Capabilities.MaximumClients {
+		if cl.Properties.ProtocolVersion < 5 {
+			s.SendConnack(cl, packets.ErrServerUnavailable, false, nil)
+		} else {
+			s.SendConnack(cl, packets.ErrServerBusy, false, nil)
+		}
+
+		return false, packets.ErrServerBusy
+	}
+
+	code := s.validateConnect(cl, pk) // [MQTT-3.1.4-1] [MQTT-3.1.4-2]
+	if code != packets.CodeSuccess {
+		if err := s.SendConnack(cl, code, false, nil); err != nil {
+			return false, fmt.Errorf("invalid connection send ack: %w", err)
+		}
+		return false, code // [MQTT-3.2.2-7] [MQTT-3.1.4-6]
+	}
+
+	err = s.hooks.OnConnect(cl, pk)
+	if err != nil {
+		return false, err
+	}
+
+	cl.refreshDeadline(cl.State.Keepalive)
+	if !s.hooks.OnConnectAuthenticate(cl, pk) { // [MQTT-3.1.4-2]
+		err := s.SendConnack(cl, packets.ErrBadUsernameOrPassword, false, nil)
+		if err != nil {
+			return false, fmt.Errorf("invalid connection send ack: %w", err)
+		}
+
+		return false, packets.ErrBadUsernameOrPassword
+	}
+
+	atomic.AddInt64(&s.Info.ClientsConnected, 1)
+
+	s.hooks.OnSessionEstablish(cl, pk)
+
+	sessionPresent := s.inheritClientSession(pk, cl)
+	s.Clients.Add(cl) // [MQTT-4.1.0-1]
+
+	err = s.SendConnack(cl, code, sessionPresent, nil) // [MQTT-3.1.4-5] [MQTT-3.2.0-1] [MQTT-3.2.0-2] &[MQTT-3.14.0-1]
+	if err != nil {
+		return true, fmt.Errorf("ack connection packet: %w", err)
+	}
+
+	s.loop.willDelayed.Delete(cl.ID) // [MQTT-3.1.3-9]
+
+	if sessionPresent {
+		err = cl.ResendInflightMessages(true)
+		if err != nil {
+			return true, fmt.Errorf("resend inflight: %w", err)
+		}
+	}
+
+	s.hooks.OnSessionEstablished(cl, pk)
+	return true, nil
 }
 
 // readConnectionPacket reads the first incoming header for a connection, and if
@@ -1100,6 +1159,7 @@ func (s *Server) publishToClient(cl *Client, sub packets.Subscription, pk packet
 	select {
 	case cl.State.outbound <- &out:
 		atomic.AddInt32(&cl.State.outboundQty, 1)
+		cl.startWriter() // dsslock: no WriteLoop
 	default:
 		atomic.AddInt64(&s.Info.MessagesDropped, 1)
 		cl.ops.hooks.OnPublishDropped(cl, pk)

@@ -1,0 +1,57 @@
+package localstore_test
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"testing"
+	"time"
+
+	"github.com/eclipse/paho.golang/packets"
+
+	"github.com/dsslock/dsslock/sskv/localstore"
+)
+
+// TestIdleConnectionGoroutines: an idle connection costs the store one
+// goroutine, its reader. The CONNECT handshake runs on a goroutine that
+// ends with it, and a connection's writes run on a goroutine only while
+// something is queued to it: after requests, their responses and a
+// notification, nothing waits for an idle connection but its reader.
+// (mochi ran a write loop per connection besides, for its whole life.)
+func TestIdleConnectionGoroutines(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	const n = 40
+	base := runtime.NumGoroutine()
+	conns := make([]*rawConn, n)
+	for i := range conns {
+		rc := dialRaw(t, srv.Addr(), 0)
+		rc.connect(fmt.Sprintf("idle-%d", i), 60)
+		respTopic := fmt.Sprintf("r/%d", i)
+		rc.watch(respTopic, fmt.Sprintf("k%d", i))
+		conns[i] = rc
+	}
+	for i, rc := range conns {
+		// A SET of its own key: a response and a notification, each
+		// acknowledged.
+		rc.write(rc.request(2, fmt.Sprintf("r/%d", i), "SET", fmt.Sprintf("k%d", i), "v"))
+		for got := 0; got < 2; {
+			if p, ok := rc.read().Content.(*packets.Publish); ok {
+				rc.write(&packets.Puback{PacketID: p.PacketID, Properties: &packets.Properties{}})
+				got++
+			}
+		}
+	}
+	// The handshakes' and writers' goroutines end a moment after their
+	// work; wait for that, not longer than waitTimeout.
+	const slack = 4 // timers and the runtime's own, which come and go
+	deadline := time.Now().Add(waitTimeout)
+	for runtime.NumGoroutine() > base+n+slack {
+		if time.Now().After(deadline) {
+			_ = pprof.Lookup("goroutine").WriteTo(os.Stderr, 1)
+			t.Fatalf("%d idle connections: %d more goroutines; want at most %d (one per connection)",
+				n, runtime.NumGoroutine()-base, n+slack)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
