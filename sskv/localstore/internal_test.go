@@ -182,22 +182,22 @@ func TestEstablishRecoversHandshakePanic(t *testing.T) {
 			return nil
 		}
 	}
-	establish := func(fn listeners.EstablishFn) (err error, repanicked any) {
+	establish := func(fn listeners.EstablishFn) (repanicked any, err error) {
 		a, b := net.Pipe()
 		defer a.Close()
 		defer b.Close()
 		defer func() { repanicked = recover() }()
-		return l.establish(fn, newDeadlineConn(a, srv)), nil
+		return nil, l.establish(fn, newDeadlineConn(a, srv))
 	}
 
 	decoder := func() {
 		pk := packets.Packet{ProtocolVersion: 5}
 		_ = pk.SubscribeDecode([]byte{0, 1, 0, 0, 1, 'k'}) // mochi-mqtt/server#501
 	}
-	if err, p := establish(onOtherGoroutine(decoder)); p != nil || !errors.Is(err, errDecoderPanicked) {
+	if p, err := establish(onOtherGoroutine(decoder)); p != nil || !errors.Is(err, errDecoderPanicked) {
 		t.Errorf("decoder panic in the handshake: establish returned %v and panicked with %v; want errDecoderPanicked", err, p)
 	}
-	if err, p := establish(onOtherGoroutine(func() { panic("elsewhere") })); p == nil {
+	if p, err := establish(onOtherGoroutine(func() { panic("elsewhere") })); p == nil {
 		t.Errorf("another panic in the handshake: establish returned %v; want it to panic again", err)
 	} else if hp, ok := p.(*mqtt.HandshakePanic); !ok || hp.Value != "elsewhere" {
 		t.Errorf("another panic in the handshake: establish panicked with %#v; want the *mqtt.HandshakePanic", p)
