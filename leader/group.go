@@ -821,10 +821,10 @@ func hash64(member, election string) uint64 {
 }
 
 // Leaders returns who leads each of elections now, as [Leader] reports it
-// (one GET each, a few at a time): for observers of a [Group], whose
-// members lead with their member id as [State.ID]. An election nobody
-// leads has a State without a leader. The error is the first GET's that
-// failed.
+// (one GET each, a few at a time, with Leader's caveat about late writes
+// of ended terms): for observers of a [Group], whose members lead with
+// their member id as [State.ID]. An election nobody leads has a State
+// without a leader. The error is the first GET's that failed.
 func Leaders(ctx context.Context, c *sskv.Client, elections []string) (map[string]State, error) {
 	if c == nil {
 		return nil, fmt.Errorf("leader: leaders: %w: nil sskv.Client", ErrConfig)

@@ -456,6 +456,13 @@ func (l *Lock) SetValue(ctx context.Context, value []byte) error {
 
 // Holder reads who holds the lock now (GET). It works whether or not this
 // Lock holds it.
+//
+// It reads the key as it is. A SetValue of a holding that has ended, held
+// on a frozen connection and reaching the store late, can land on the key
+// between the two writes of the next holder's acquisition (with FenceKey)
+// and sit there until the next holder's token replaces it: for that
+// moment, Holder returns the ended holding. Exclusion does not depend on
+// it: the next holder's fenced write still wins the key.
 func (l *Lock) Holder(ctx context.Context) (Holder, error) {
 	res, err := l.c.Get(ctx, l.cfg.Name)
 	if err != nil {
