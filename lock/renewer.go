@@ -134,6 +134,9 @@ func (r *renewer) run() {
 		for len(r.queue) > 0 {
 			h := r.queue[0]
 			window := min(h.l.cfg.RenewInterval/100, maxBatchWindow)
+			if !h.due.Before(h.expiry()) {
+				window = 0 // a renew deadline is checked on time, not early
+			}
 			if h.due.After(now.Add(window)) || (h.due.After(now) && h.busy) {
 				break
 			}
@@ -172,19 +175,23 @@ func (r *renewer) run() {
 	}
 }
 
-// attend handles h, whose time has come, and puts it back in the heap
-// unless it ended. r.mu is held.
+// attend handles h, whose time has come (now: its due time, if it was
+// taken early for a batch), and puts it back in the heap unless it ended.
+// Whether the renew deadline has passed is decided on the clock, never on
+// now: a holding taken out of the heap must be lost, or go back in.
+// r.mu is held.
 func (r *renewer) attend(h *holding, now time.Time) {
 	expires := h.expiry()
 	switch {
 	case !h.live():
 		return
-	case !now.Before(expires):
+	case !time.Now().Before(expires):
 		// The renew deadline has passed: lost, whatever is in flight.
 		go h.deadline()
 		return
-	case h.busy:
-		// The deadline of a holding whose renewal is in flight moved on.
+	case h.busy || !now.Before(expires):
+		// A renewal is in flight, or one would start too late to matter:
+		// the next thing due is the deadline.
 		h.due = expires
 	default:
 		h.busy = true
@@ -316,6 +323,11 @@ func (r *renewer) work(h *holding, confirmOnly bool) {
 		h.due = h.renewAt
 		if h.pokeReq || lost(conn) {
 			h.due = time.Now()
+		}
+		if exp := h.expiry(); h.due.After(exp) {
+			// A retry (or a renewal) after the deadline would come too
+			// late: the deadline is checked on time.
+			h.due = exp
 		}
 		heap.Fix(&r.queue, h.index)
 		if r.conn == nil || lost(r.conn) {
