@@ -42,15 +42,15 @@ type advRig struct {
 	// under way): a key read after one may be gone with the store, before
 	// its holder can know.
 	restarted atomic.Int64
-	srvMu    sync.Mutex
-	srv      *localstore.Server
-	cfg      lock.Config
-	clients  []*sskv.Client
-	proxies  []*faultproxy.Proxy
-	locks    []*lock.Lock
-	sems     []*lock.Semaphore
-	semCfg   lock.SemaphoreConfig
-	admin    *sskv.Client
+	srvMu     sync.Mutex
+	srv       *localstore.Server
+	cfg       lock.Config
+	clients   []*sskv.Client
+	proxies   []*faultproxy.Proxy
+	locks     []*lock.Lock
+	sems      []*lock.Semaphore
+	semCfg    lock.SemaphoreConfig
+	admin     *sskv.Client
 
 	mu        sync.Mutex
 	intervals []advInterval
