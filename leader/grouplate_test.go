@@ -6,17 +6,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dsslock/dsslock/internal/storetest"
 	"github.com/dsslock/dsslock/leader"
 	"github.com/dsslock/dsslock/sskv/localstore"
 )
 
 // startPatient starts a member on a client that does not give up on a
-// silent connection for 30 s (dialPatient): a Hold of its traffic toward
+// silent connection for 30 s (storetest.DialPatient): a Hold of its traffic toward
 // the store freezes its path without a reconnect, and what it sent
 // meanwhile (slot renewals, term renewals, resigns, joins, campaigns)
 // reaches the store when the hold is released, long after it gave up.
 func (r *groupRig) startPatient(t *testing.T, name string) *groupMember {
-	c := dialPatient(t, r.srv.Addr(), "adv-"+name)
+	c := storetest.DialPatient(t, r.srv.Addr(), "adv-"+name)
 	g, err := leader.NewGroup(c, "shards", r.elections, []byte(name), append(slices.Clone(r.opts), leader.WithCandidateID(name))...)
 	if err != nil {
 		t.Fatal(err)

@@ -6,30 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dsslock/dsslock/internal/storetest"
 	"github.com/dsslock/dsslock/leader"
 	"github.com/dsslock/dsslock/sskv"
 	"github.com/dsslock/dsslock/sskv/localstore"
 )
-
-// dialPatient connects a client that does not give up on a silent
-// connection for 30 s, so that a Hold of its traffic does not make it
-// reconnect (and resend) by itself.
-func dialPatient(t *testing.T, addr, id string) *sskv.Client {
-	t.Helper()
-	c, err := sskv.Dial(testCtx(t), sskv.Config{
-		Addr:         addr,
-		ClientID:     id,
-		KeepAlive:    30 * time.Second,
-		PingTimeout:  30 * time.Second,
-		ReconnectMin: 10 * time.Millisecond,
-		ReconnectMax: 100 * time.Millisecond,
-	})
-	if err != nil {
-		t.Fatalf("Dial: %v", err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
 
 // TestObserveLateProclaim: a Proclaim of a term that has ended, reaching the
 // store late (its path froze), lands between the two SETs of the next
@@ -73,7 +54,7 @@ func TestObserveLateProclaim(t *testing.T) {
 	t.Cleanup(func() { _ = srv.Close() })
 	ctx := testCtx(t)
 	admin := dial(t, srv.Addr())
-	ch := dialPatient(t, srv.Addr(), "adv3-h")
+	ch := storetest.DialPatient(t, srv.Addr(), "adv3-h")
 	cw := dial(t, srv.Addr())
 	co := dial(t, srv.Addr())
 

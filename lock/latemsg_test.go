@@ -5,30 +5,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dsslock/dsslock/internal/storetest"
 	"github.com/dsslock/dsslock/lock"
 	"github.com/dsslock/dsslock/sskv"
 	"github.com/dsslock/dsslock/sskv/localstore"
 )
-
-// dialPatient connects a client that does not give up on a silent
-// connection for 30 s (keep-alive and ping timeout), so that a Hold of its
-// traffic does not make it reconnect (and resend) by itself.
-func dialPatient(t *testing.T, addr string) *sskv.Client {
-	t.Helper()
-	c, err := sskv.Dial(testCtx(t), sskv.Config{
-		Addr:         addr,
-		ClientID:     testID(t),
-		KeepAlive:    30 * time.Second,
-		PingTimeout:  30 * time.Second,
-		ReconnectMin: 10 * time.Millisecond,
-		ReconnectMax: 100 * time.Millisecond,
-	})
-	if err != nil {
-		t.Fatalf("Dial: %v", err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
 
 // TestSemaphoreLateOfferDecline: an offer of a slot (msgSlot) that
 // reaches a participant after the reservation it names has expired, while
@@ -90,7 +71,7 @@ func TestSemaphoreLateOfferDecline(t *testing.T) {
 
 	k0 := part("k0", dial(t, srv.Addr()))
 	y := part("y", dial(t, srv.Addr()))
-	ck := dialPatient(t, srv.Addr())
+	ck := storetest.DialPatient(t, srv.Addr(), "")
 	k := part("k", ck)
 	cw := dial(t, srv.Addr())
 	w := part("w", cw)
@@ -213,7 +194,7 @@ func TestLockLateTurnHandOn(t *testing.T) {
 	mk := func(id string, c *sskv.Client) *lock.Lock {
 		return newLock(t, c, lock.Config{Name: "x", HolderID: id, TTL: ttl, FenceKey: true})
 	}
-	ch, cl, cm1, cm2 := dialPatient(t, srv.Addr()), dial(t, srv.Addr()), dialPatient(t, srv.Addr()), dialPatient(t, srv.Addr())
+	ch, cl, cm1, cm2 := storetest.DialPatient(t, srv.Addr(), ""), dial(t, srv.Addr()), storetest.DialPatient(t, srv.Addr(), ""), storetest.DialPatient(t, srv.Addr(), "")
 	h, l, m1, m2 := mk("h", ch), mk("l", cl), mk("m1", cm1), mk("m2", cm2)
 	// H takes the lock from H0 by its turn, so that it keeps the queue.
 	h0 := mk("h0", dial(t, srv.Addr()))

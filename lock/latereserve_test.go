@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dsslock/dsslock/internal/storetest"
 	"github.com/dsslock/dsslock/lock"
 	"github.com/dsslock/dsslock/sskv"
 	"github.com/dsslock/dsslock/sskv/localstore"
@@ -62,7 +63,7 @@ func TestSemaphoreLateReserveGiveBack(t *testing.T) {
 
 	k0 := part("k0", dial(t, srv.Addr()))
 	y := part("y", dial(t, srv.Addr()))
-	ck := dialPatient(t, srv.Addr())
+	ck := storetest.DialPatient(t, srv.Addr(), "")
 	k := part("k", ck)
 	cw := dial(t, srv.Addr())
 	w := part("w", cw)

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dsslock/dsslock/internal/storetest"
 	"github.com/dsslock/dsslock/lock"
 	"github.com/dsslock/dsslock/sskv/localstore"
 )
@@ -199,7 +200,7 @@ func TestFastFailingRenewalsAllLost(t *testing.T) {
 func TestFrozenPathLossOnTime(t *testing.T) {
 	const n = 24
 	srv := startStore(t)
-	ca := dialPatient(t, srv.Addr())
+	ca := storetest.DialPatient(t, srv.Addr(), "")
 	cb := dial(t, srv.Addr())
 	var (
 		mu   sync.Mutex

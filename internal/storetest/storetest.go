@@ -71,12 +71,25 @@ func Ctx(t testing.TB) context.Context {
 // the test ends.
 func Dial(t testing.TB, addr string) *sskv.Client {
 	t.Helper()
-	c, err := sskv.Dial(Ctx(t), sskv.Config{
-		Addr:         addr,
-		ClientID:     ID(t),
-		ReconnectMin: 10 * time.Millisecond,
-		ReconnectMax: 100 * time.Millisecond,
-	})
+	return dial(t, sskv.Config{Addr: addr, ClientID: ID(t)})
+}
+
+// DialPatient is Dial for a client that does not give up on a silent
+// connection for 30 s, so that a test that holds its traffic (a path that
+// freezes) does not make it reconnect, and resend, by itself. id is its
+// client id: ID(t) if empty.
+func DialPatient(t testing.TB, addr, id string) *sskv.Client {
+	t.Helper()
+	if id == "" {
+		id = ID(t)
+	}
+	return dial(t, sskv.Config{Addr: addr, ClientID: id, KeepAlive: 30 * time.Second, PingTimeout: 30 * time.Second})
+}
+
+func dial(t testing.TB, cfg sskv.Config) *sskv.Client {
+	t.Helper()
+	cfg.ReconnectMin, cfg.ReconnectMax = 10*time.Millisecond, 100*time.Millisecond
+	c, err := sskv.Dial(Ctx(t), cfg)
 	if err != nil {
 		t.Fatalf("Dial: %v", err)
 	}

@@ -2,14 +2,12 @@ package localstore_test
 
 import (
 	"fmt"
-	"os"
 	"runtime"
-	"runtime/pprof"
 	"testing"
-	"time"
 
 	"github.com/eclipse/paho.golang/packets"
 
+	"github.com/dsslock/dsslock/internal/storetest"
 	"github.com/dsslock/dsslock/sskv/localstore"
 )
 
@@ -43,15 +41,8 @@ func TestIdleConnectionGoroutines(t *testing.T) {
 		}
 	}
 	// The handshakes' and writers' goroutines end a moment after their
-	// work; wait for that, not longer than waitTimeout.
+	// work.
 	const slack = 4 // timers and the runtime's own, which come and go
-	deadline := time.Now().Add(waitTimeout)
-	for runtime.NumGoroutine() > base+n+slack {
-		if time.Now().After(deadline) {
-			_ = pprof.Lookup("goroutine").WriteTo(os.Stderr, 1)
-			t.Fatalf("%d idle connections: %d more goroutines; want at most %d (one per connection)",
-				n, runtime.NumGoroutine()-base, n+slack)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	storetest.Eventually(t, fmt.Sprintf("%d idle connections to cost at most %d goroutines (one each)", n, n+slack),
+		func() bool { return runtime.NumGoroutine() <= base+n+slack })
 }
