@@ -53,6 +53,7 @@ type Client struct {
 	cm           *autopaho.ConnectionManager
 	cmSet        chan struct{} // closed once cm is set
 	sess         *sessionStore // the MQTT session's store of requests; nil for NewFromConnection
+	pub          *publisher    // hands requests to paho; nil for NewFromConnection
 	ownsCM       bool
 	respTopic    string
 	notifyFilter string
@@ -177,6 +178,7 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 	}
 	c.pinger = newPinger(cfg.PingTimeout)
 	c.sess = newSessionStore(c)
+	c.pub = newPublisher(c)
 	acfg := autopaho.ClientConfig{
 		ServerUrls:                    []*url.URL{{Scheme: scheme, Host: cfg.Addr}},
 		TlsCfg:                        cfg.TLS,
@@ -215,7 +217,7 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 			ClientID:          cfg.ClientID,
 			OnPublishReceived: []func(paho.PublishReceived) (bool, error){c.HandlePublish},
 			PacketTimeout:     publishTimeout,
-			Session:           state.New(c.sess, memory.New()),
+			Session:           trackedSession{State: state.New(c.sess, memory.New()), p: c.pub},
 			AuthHandler:       satAuth{c: c},
 			PingHandler:       c.pinger,
 			OnClientError: func(err error) {
@@ -560,6 +562,9 @@ func (c *Client) Close() error {
 			}
 		}
 		c.wg.Wait()
+		if c.pub != nil {
+			c.pub.endAll() // paho leaves the session to us: it has ended
+		}
 	})
 	return nil
 }

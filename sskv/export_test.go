@@ -114,3 +114,20 @@ func KnownForTest(c *Client, key string) (hlc.Timestamp, bool) {
 	}
 	return reg.known.version, reg.resyncing
 }
+
+// PublisherState is what the client's publisher is doing (see publisher).
+type PublisherState struct {
+	Queued  int    // requests waiting for the writer
+	Tracked int    // requests in paho's session, not yet acknowledged
+	Running bool   // the writer's goroutine runs
+	Sends   uint64 // requests handed to paho so far
+	Dropped uint64 // requests dropped unsent so far
+}
+
+// PublisherStateForTest reports what c's publisher is doing.
+func PublisherStateForTest(c *Client) PublisherState {
+	p := c.pub
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return PublisherState{Queued: int(p.waiting.Load()), Tracked: len(p.tracked), Running: p.running, Sends: p.sends.Load(), Dropped: p.dropped.Load()}
+}

@@ -429,9 +429,9 @@ func (c *Client) doRequest(ctx context.Context, pin *Conn, v verb, payload []byt
 // only while it is certain that the broker never got it, and, for a request
 // bound to a connection (pin), never on another connection. It returns by
 // ctx's deadline whatever the socket does: paho's Publish writes to the
-// socket without looking at ctx, so it runs on its own goroutine, which ends
-// when the write does (writes have a deadline, and a dead connection is
-// closed).
+// socket without looking at ctx, so it runs on the publisher's goroutine
+// (see publisher), and a request still queued there when ctx ends is never
+// sent.
 func (c *Client) exchange(ctx context.Context, pin *Conn, p *pending, corr [16]byte, pub *paho.Publish, expiry *uint32) (result, error) {
 	var lastGen uint64
 	for {
@@ -473,7 +473,6 @@ func (c *Client) exchange(ctx context.Context, pin *Conn, p *pending, corr [16]b
 			c.boundPeak = max(c.boundPeak, len(c.bound))
 			c.pmu.Unlock()
 		}
-		done := make(chan pubResult, 1)
 		unbind := func() {
 			if pin != nil {
 				c.pmu.Lock()
@@ -512,7 +511,17 @@ func (c *Client) exchange(ctx context.Context, pin *Conn, p *pending, corr [16]b
 		// paho, which reports on stdout a request whose context ends
 		// there. The request's deadline still goes with it, as its
 		// message expiry.
-		if !c.spawn(func() {
+		var (
+			job  *pubJob
+			done chan pubResult
+		)
+		if c.pub != nil {
+			job = c.pub.publish(ctx, pub, func() {
+				st.conn.releaseSlot()
+				unbind()
+			})
+			done = job.done
+		} else if done = make(chan pubResult, 1); !c.spawn(func() {
 			pr, err := c.cm.Publish(c.ctx, pub)
 			st.conn.releaseSlot()
 			unbind()
@@ -529,6 +538,12 @@ func (c *Client) exchange(ctx context.Context, pin *Conn, p *pending, corr [16]b
 		case res := <-p.ch: // answered before paho reported the PUBACK
 			return res, nil
 		case <-ctx.Done():
+			if job != nil {
+				job.drop(c.pub) // not sent if it was still queued
+			}
+			return c.abandon(ctx, p, corr)
+		}
+		if errors.Is(err, errDropped) { // ctx ended while it was queued
 			return c.abandon(ctx, p, corr)
 		}
 		if err == nil {

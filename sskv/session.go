@@ -142,11 +142,19 @@ func (s *sessionStore) Delete(id uint16) error {
 	return s.inner.Delete(id)
 }
 func (s *sessionStore) Quarantine(id uint16) error { return s.inner.Quarantine(id) }
+
+// Reset is called by paho when it clears the session (a clean start, or a
+// session the broker did not keep): the requests in it will never be
+// acknowledged.
 func (s *sessionStore) Reset() error {
 	s.mu.Lock()
 	clear(s.sends)
 	s.mu.Unlock()
-	return s.inner.Reset()
+	err := s.inner.Reset()
+	if s.c.pub != nil {
+		s.c.pub.endAll()
+	}
+	return err
 }
 
 // List is called by paho once for each connection it sets up, before it
