@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 
@@ -135,6 +136,15 @@ func (p *publisher) run() {
 		p.mu.Unlock()
 		for i, j := range batch {
 			batch[i] = nil
+			if i > 0 {
+				// paho starts a goroutine for each packet it adds to the
+				// session, which ends as soon as it runs. Left to wait
+				// while the writer goes on, hundreds of them pile up in a
+				// burst, and the runtime keeps the record of every
+				// goroutine that ever ran at once: yield, so that each ends
+				// before the next is started.
+				runtime.Gosched()
+			}
 			p.send(j)
 		}
 	}
