@@ -560,17 +560,35 @@ func (h *holding) releaseConn(ctx context.Context) (*sskv.Conn, context.Context,
 	conn := h.conn
 	h.mu.Unlock()
 	if conn == nil || lost(conn) {
-		done, cancel := context.WithCancel(ctx)
-		cancel()
-		now, err := l.c.Connection(done) // the current connection, without waiting
-		if err != nil {
-			if errors.Is(err, sskv.ErrClosed) {
-				return nil, nil, nil, err
-			}
-			return nil, nil, nil, fmt.Errorf("%w, and the client has not reconnected; the key expires within its TTL", ErrNotReleased)
-		}
-		conn = now
+		return l.connNow(ctx)
 	}
+	ctx, stop := boundTo(ctx, conn)
+	return conn, ctx, stop, nil
+}
+
+// connNow returns the client's connection if it is up now, without waiting
+// for one, and ctx bounded by it (see boundTo). The requests a Lock makes
+// as it ends (Unlock, Close) do not wait for a store that is away (shut
+// down, or restarted elsewhere, or a test that closed it first): what they
+// would delete expires within its TTL.
+func (l *Lock) connNow(ctx context.Context) (*sskv.Conn, context.Context, func(), error) {
+	done, cancel := context.WithCancel(ctx)
+	cancel()
+	conn, err := l.c.Connection(done) // the current connection, without waiting
+	if err != nil {
+		if errors.Is(err, sskv.ErrClosed) {
+			return nil, nil, nil, err
+		}
+		return nil, nil, nil, fmt.Errorf("%w, and the client has not reconnected; the key expires within its TTL", ErrNotReleased)
+	}
+	ctx, stop := boundTo(ctx, conn)
+	return conn, ctx, stop, nil
+}
+
+// boundTo returns ctx, ended also when conn is lost: a request bound to a
+// connection that is lost in flight would otherwise wait for the next
+// connection to learn that its outcome is unknown. stop releases it.
+func boundTo(ctx context.Context, conn *sskv.Conn) (context.Context, func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	go func() {
 		select {
@@ -579,7 +597,7 @@ func (h *holding) releaseConn(ctx context.Context) (*sskv.Conn, context.Context,
 		case <-ctx.Done():
 		}
 	}()
-	return conn, ctx, cancel, nil
+	return ctx, cancel
 }
 
 // lost reports whether conn is lost.

@@ -722,14 +722,21 @@ func (l *Lock) abandonThenEnd() {
 // dropReservation deletes the key if it is reserved for this Lock: a turn
 // with a reservation that reached it too late to be handed on (its queue
 // has ended) would keep the key from the next waiter until it expired.
-// The caller has the turn.
+// Like a release, it does not wait for a connection (see connNow): without
+// one, the reservation expires after the TTL. The caller has the turn.
 func (l *Lock) dropReservation(ctx context.Context) {
+	conn, ctx, stop, err := l.connNow(ctx)
+	if err != nil {
+		l.log.Debug("not connected; a reservation of the key for this Lock, if any, expires after the TTL", "error", err)
+		return
+	}
+	defer stop()
 	rec := l.acqRecord()
-	res, err := l.c.Get(ctx, l.cfg.Name)
+	res, err := conn.Get(ctx, l.cfg.Name)
 	if err != nil || !res.Found || !bytes.Equal(res.Value, rec) {
 		return
 	}
-	if _, err := l.c.VDel(ctx, l.cfg.Name, rec, sskv.DelOptions{FencingToken: res.Version}); err != nil {
+	if _, err := conn.VDel(ctx, l.cfg.Name, rec, sskv.DelOptions{FencingToken: res.Version}); err != nil {
 		l.log.Debug("could not free the key reserved for this Lock; it expires after the TTL", "error", err)
 	}
 }
