@@ -163,6 +163,11 @@ func (p *publisher) send(j *pubJob) {
 	}
 	p.waiting.Add(-1)
 	p.sends.Add(1)
+	// Its Message Expiry is what its caller has left now, not when it
+	// was queued: the broker drops it once its caller has given up.
+	if pp := j.pub.Properties; pp != nil && pp.MessageExpiry != nil {
+		*pp.MessageExpiry = expirySeconds(j.ctx)
+	}
 	// The context ends once the session has the packet (see added), so
 	// that Publish returns after its write rather than at the PUBACK. It
 	// needs no parent: paho's session gives up on a packet it cannot take
@@ -285,6 +290,10 @@ func (s trackedSession) AddToSession(ctx context.Context, packet session.Packet,
 	j := s.p.current(packet)
 	if j == nil {
 		return s.State.AddToSession(ctx, packet, resp)
+	}
+	if j.ctx.Err() != nil {
+		// Its caller gave up while paho prepared it: not sent.
+		return errDropped
 	}
 	ack := make(chan packets.ControlPacket, 1)
 	if err := s.State.AddToSession(ctx, packet, ack); err != nil {
