@@ -159,6 +159,122 @@ func waitIdle(t *testing.T, c *sskv.Client) {
 	}
 }
 
+// outcomes records what the SETs of a burst reported, to check against
+// the store once the faults are over.
+type outcomes struct {
+	mu      sync.Mutex
+	notSent map[string]error // told ErrNotSent: must never be executed
+	ok      map[string]bool  // acknowledged: must be in the store
+	late    []string         // callers that returned over a second past their deadline
+	n       atomic.Int64
+
+	wg   sync.WaitGroup
+	stop chan struct{}
+}
+
+// burst starts workers that send rounds of per SETs each (keys with
+// prefix), until halt. Every worker's requests (allBound), or the odd
+// workers', go through the Conn of the moment, bound to it. Each has a
+// deadline from deadline(); with cancelEarly, one in four is cancelled
+// before it, at a random moment.
+func burst(ctx context.Context, c *sskv.Client, prefix string, workers, per int, allBound, cancelEarly bool, deadline func() time.Duration) *outcomes {
+	o := &outcomes{notSent: map[string]error{}, ok: map[string]bool{}, stop: make(chan struct{})}
+	for w := range workers {
+		o.wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-o.stop:
+					return
+				default:
+				}
+				var cn *sskv.Conn
+				if allBound || w%2 == 1 {
+					cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+					var err error
+					cn, err = c.Connection(cctx)
+					cancel()
+					if err != nil {
+						continue
+					}
+				}
+				var iw sync.WaitGroup
+				for j := range per {
+					iw.Go(func() { o.set(ctx, c, cn, fmt.Sprintf("%s%d-%d-%d", prefix, w, i, j), deadline(), cancelEarly) })
+				}
+				iw.Wait()
+			}
+		})
+	}
+	return o
+}
+
+// set makes one SET of key (through cn unless nil) and records its outcome.
+func (o *outcomes) set(ctx context.Context, c *sskv.Client, cn *sskv.Conn, key string, d time.Duration, cancelEarly bool) {
+	o.n.Add(1)
+	rctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	if cancelEarly && rand.IntN(4) == 0 {
+		time.AfterFunc(time.Duration(rand.IntN(int(d))), cancel)
+	}
+	start := time.Now()
+	var err error
+	if cn != nil {
+		_, err = cn.Set(rctx, key, []byte("v"), sskv.SetOptions{})
+	} else {
+		_, err = c.Set(rctx, key, []byte("v"), sskv.SetOptions{})
+	}
+	el := time.Since(start)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if el > d+time.Second {
+		o.late = append(o.late, fmt.Sprintf("%s: %v past a %v deadline: %v", key, el-d, d, err))
+	}
+	switch {
+	case err == nil:
+		o.ok[key] = true
+	case errors.Is(err, sskv.ErrNotSent):
+		o.notSent[key] = err
+	}
+}
+
+// halt stops the workers and waits for their requests to return.
+func (o *outcomes) halt() {
+	close(o.stop)
+	o.wg.Wait()
+}
+
+// check reports callers that returned late, requests executed although
+// their callers were told ErrNotSent, and acknowledged requests missing
+// from the store; then that c's publisher is idle.
+func (o *outcomes) check(t *testing.T, ctx context.Context, c *sskv.Client) {
+	t.Helper()
+	t.Logf("%d requests: %d ok, %d not sent", o.n.Load(), len(o.ok), len(o.notSent))
+	for _, l := range o.late {
+		t.Errorf("late: %s", l)
+	}
+	// A round trip, and a moment for anything still on its way to the
+	// store: a late execution is an absence of a signal.
+	if _, err := c.Set(ctx, "k", []byte("v"), sskv.SetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	for key, err := range o.notSent {
+		if g, gerr := c.Get(ctx, key); gerr != nil {
+			t.Fatal(gerr)
+		} else if g.Found {
+			t.Errorf("%s executed after its caller was told: %v", key, err)
+		}
+	}
+	for key := range o.ok {
+		if g, gerr := c.Get(ctx, key); gerr != nil {
+			t.Fatal(gerr)
+		} else if !g.Found {
+			t.Errorf("%s reported done but not in the store", key)
+		}
+	}
+	waitIdle(t, c)
+}
+
 // Requests bound to a Conn, made while the connection is cut again and
 // again: a request whose caller was told ErrNotSent must never be executed.
 func TestStressPublisherBoundNotSentNeverExecuted(t *testing.T) {
@@ -167,66 +283,15 @@ func TestStressPublisherBoundNotSentNeverExecuted(t *testing.T) {
 	p := startProxy(t, srv, faultproxy.Options{})
 	c := dial(t, srv, viaProxy(p))
 	ctx := testCtx(t)
-	var mu sync.Mutex
-	notSent := map[string]error{}
-	var wg sync.WaitGroup
-	stop := make(chan struct{})
-	var n atomic.Int64
-	for w := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-				cn, err := c.Connection(cctx)
-				cancel()
-				if err != nil {
-					continue
-				}
-				var iw sync.WaitGroup
-				for j := range 40 {
-					iw.Add(1)
-					go func() {
-						defer iw.Done()
-						key := fmt.Sprintf("b%d-%d-%d", w, i, j)
-						n.Add(1)
-						rctx, cancel := context.WithTimeout(ctx, time.Duration(50+rand.IntN(500))*time.Millisecond)
-						defer cancel()
-						_, err := cn.Set(rctx, key, []byte("v"), sskv.SetOptions{})
-						if errors.Is(err, sskv.ErrNotSent) {
-							mu.Lock()
-							notSent[key] = err
-							mu.Unlock()
-						}
-					}()
-				}
-				iw.Wait()
-			}
-		}()
-	}
+	o := burst(ctx, c, "b", 8, 40, true, false, func() time.Duration {
+		return time.Duration(50+rand.IntN(500)) * time.Millisecond
+	})
 	for range 15 {
 		time.Sleep(time.Duration(20+rand.IntN(80)) * time.Millisecond)
 		p.Cut()
 	}
-	close(stop)
-	wg.Wait()
-	time.Sleep(300 * time.Millisecond)
-	t.Logf("%d requests, %d not sent", n.Load(), len(notSent))
-	for key, err := range notSent {
-		g, gerr := c.Get(ctx, key)
-		if gerr != nil {
-			t.Fatal(gerr)
-		}
-		if g.Found {
-			t.Errorf("%s was executed after its caller was told: %v", key, err)
-		}
-	}
-	waitIdle(t, c)
+	o.halt()
+	o.check(t, ctx, c)
 }
 
 // Close while the writer is stuck writing a large SET to a frozen
@@ -359,69 +424,9 @@ func TestStressPublisherChaos(t *testing.T) {
 	if _, err := c.Set(ctx, "k", []byte("v"), sskv.SetOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	var (
-		mu      sync.Mutex
-		notSent = map[string]error{}
-		ok      = map[string]bool{}
-		late    []string
-		n       atomic.Int64
-	)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := range 16 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				var iw sync.WaitGroup
-				var cn *sskv.Conn
-				if w%2 == 1 {
-					cctx, cancel := context.WithTimeout(ctx, time.Second)
-					cn, _ = c.Connection(cctx)
-					cancel()
-				}
-				for j := range 30 {
-					iw.Add(1)
-					go func() {
-						defer iw.Done()
-						key := fmt.Sprintf("c%d-%d-%d", w, i, j)
-						n.Add(1)
-						d := time.Duration(20+rand.IntN(700)) * time.Millisecond
-						rctx, cancel := context.WithTimeout(ctx, d)
-						defer cancel()
-						if rand.IntN(4) == 0 {
-							time.AfterFunc(time.Duration(rand.IntN(int(d))), cancel)
-						}
-						start := time.Now()
-						var err error
-						if cn != nil {
-							_, err = cn.Set(rctx, key, []byte("v"), sskv.SetOptions{})
-						} else {
-							_, err = c.Set(rctx, key, []byte("v"), sskv.SetOptions{})
-						}
-						el := time.Since(start)
-						mu.Lock()
-						defer mu.Unlock()
-						if el > d+time.Second {
-							late = append(late, fmt.Sprintf("%s: %v past a %v deadline: %v", key, el-d, d, err))
-						}
-						switch {
-						case err == nil:
-							ok[key] = true
-						case errors.Is(err, sskv.ErrNotSent):
-							notSent[key] = err
-						}
-					}()
-				}
-				iw.Wait()
-			}
-		}()
-	}
+	o := burst(ctx, c, "c", 16, 30, false, true, func() time.Duration {
+		return time.Duration(20+rand.IntN(700)) * time.Millisecond
+	})
 	for k := range 24 {
 		time.Sleep(time.Duration(30+rand.IntN(120)) * time.Millisecond)
 		switch k % 5 {
@@ -441,35 +446,8 @@ func TestStressPublisherChaos(t *testing.T) {
 	}
 	p.SetDelay(0)
 	p.Heal()
-	close(stop)
-	wg.Wait()
-	t.Logf("%d requests: %d ok, %d not sent", n.Load(), len(ok), len(notSent))
-	for _, l := range late {
-		t.Errorf("late: %s", l)
-	}
-	if _, err := c.Set(ctx, "k", []byte("v"), sskv.SetOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(200 * time.Millisecond)
-	for key, err := range notSent {
-		g, gerr := c.Get(ctx, key)
-		if gerr != nil {
-			t.Fatal(gerr)
-		}
-		if g.Found {
-			t.Errorf("%s executed after its caller was told: %v", key, err)
-		}
-	}
-	for key := range ok {
-		g, gerr := c.Get(ctx, key)
-		if gerr != nil {
-			t.Fatal(gerr)
-		}
-		if !g.Found {
-			t.Errorf("%s reported done but not in the store", key)
-		}
-	}
-	waitIdle(t, c)
+	o.halt()
+	o.check(t, ctx, c)
 	if peak := advCapacity(t, c, p, advSlots+100); peak != advSlots {
 		t.Errorf("after the chaos: peak %d requests in flight, want %d", peak, advSlots)
 	}
@@ -650,64 +628,9 @@ func TestStressPublisherSessionExpiresDuringPartition(t *testing.T) {
 	})
 	ctx, cancel0 := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel0()
-	var (
-		mu      sync.Mutex
-		notSent = map[string]error{}
-		ok      = map[string]bool{}
-		late    []string
-	)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				var cn *sskv.Conn
-				if w%2 == 1 {
-					cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-					cn, _ = c.Connection(cctx)
-					cancel()
-				}
-				var iw sync.WaitGroup
-				for j := range 40 {
-					iw.Add(1)
-					go func() {
-						defer iw.Done()
-						key := fmt.Sprintf("e%d-%d-%d", w, i, j)
-						d := time.Duration(200+rand.IntN(2500)) * time.Millisecond
-						rctx, cancel := context.WithTimeout(ctx, d)
-						defer cancel()
-						start := time.Now()
-						var err error
-						if cn != nil {
-							_, err = cn.Set(rctx, key, []byte("v"), sskv.SetOptions{})
-						} else {
-							_, err = c.Set(rctx, key, []byte("v"), sskv.SetOptions{})
-						}
-						el := time.Since(start)
-						mu.Lock()
-						defer mu.Unlock()
-						if el > d+time.Second {
-							late = append(late, fmt.Sprintf("%s: %v past a %v deadline: %v", key, el-d, d, err))
-						}
-						switch {
-						case err == nil:
-							ok[key] = true
-						case errors.Is(err, sskv.ErrNotSent):
-							notSent[key] = err
-						}
-					}()
-				}
-				iw.Wait()
-			}
-		}()
-	}
+	o := burst(ctx, c, "e", 8, 40, false, false, func() time.Duration {
+		return time.Duration(200+rand.IntN(2500)) * time.Millisecond
+	})
 	for k := range 3 {
 		time.Sleep(time.Duration(100+rand.IntN(300)) * time.Millisecond)
 		if k%2 == 0 {
@@ -723,31 +646,8 @@ func TestStressPublisherSessionExpiresDuringPartition(t *testing.T) {
 		}
 	}
 	time.Sleep(300 * time.Millisecond)
-	close(stop)
-	wg.Wait()
-	t.Logf("%d ok, %d not sent", len(ok), len(notSent))
-	for _, l := range late {
-		t.Errorf("late: %s", l)
-	}
+	o.halt()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if _, err := c.Set(ctx, "k", []byte("v"), sskv.SetOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(200 * time.Millisecond)
-	for key, err := range notSent {
-		if g, gerr := c.Get(ctx, key); gerr != nil {
-			t.Fatal(gerr)
-		} else if g.Found {
-			t.Errorf("%s executed after its caller was told: %v", key, err)
-		}
-	}
-	for key := range ok {
-		if g, gerr := c.Get(ctx, key); gerr != nil {
-			t.Fatal(gerr)
-		} else if !g.Found {
-			t.Errorf("%s reported done but not in the store", key)
-		}
-	}
-	waitIdle(t, c)
+	o.check(t, ctx, c)
 }
