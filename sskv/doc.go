@@ -92,7 +92,10 @@
 //     arrives later is dropped.
 //
 // No request ever waits past its context, whatever the socket does (a
-// request does not wait for a write stuck on a full socket). [Client.Close]
+// request does not wait for a write stuck on a full socket). Requests leave
+// in the order they are made, through one writer that runs only while some
+// are queued; a request still queued when its context ends is never sent.
+// A request in flight costs no goroutine of the client's. [Client.Close]
 // fails requests in flight with [ErrClosed] and closes the socket within a
 // short grace (250 ms) for its DISCONNECT.
 //
