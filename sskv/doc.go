@@ -95,7 +95,8 @@
 // request does not wait for a write stuck on a full socket). Requests leave
 // in the order they are made, through one writer that runs only while some
 // are queued; a request still queued when its context ends is never sent.
-// A request in flight costs no goroutine of the client's. [Client.Close]
+// A request in flight costs no goroutine of the client's. (A client from
+// [NewFromConnection] publishes each request on a goroutine of its own.) [Client.Close]
 // fails requests in flight with [ErrClosed] and closes the socket within a
 // short grace (250 ms) for its DISCONNECT.
 //
