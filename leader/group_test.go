@@ -187,7 +187,11 @@ func dataKey(election string) string { return "data/" + election }
 
 // start starts a member; it leaves the group when the test ends.
 func (r *groupRig) start(name string) *groupMember {
-	c := dial(r.tb, r.srv.Addr())
+	return r.startOn(name, dial(r.tb, r.srv.Addr()))
+}
+
+// startOn starts a member on client c, which other members may share.
+func (r *groupRig) startOn(name string, c *sskv.Client) *groupMember {
 	g, err := leader.NewGroup(c, "shards", r.elections, []byte(name), append(slices.Clone(r.opts), leader.WithCandidateID(name))...)
 	if err != nil {
 		r.tb.Fatal(err)

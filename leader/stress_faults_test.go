@@ -8,7 +8,6 @@ package leader_test
 // are accepted in token order.
 
 import (
-	"context"
 	"os"
 	"testing"
 	"time"
@@ -22,20 +21,7 @@ import (
 // fault proxy, and returns the proxy too.
 func (r *groupRig) startVia(name string) (*groupMember, *faultproxy.Proxy) {
 	p := proxied(r.tb, r.srv.Addr())
-	c := dial(r.tb, p.Addr())
-	g, err := leader.NewGroup(c, "shards", r.elections, []byte(name), append(r.opts[:len(r.opts):len(r.opts)], leader.WithCandidateID(name))...)
-	if err != nil {
-		r.tb.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	m := &groupMember{name: name, c: c, g: g, stop: cancel, done: make(chan struct{})}
-	go func() {
-		m.err = g.Run(ctx, r.work(c))
-		close(m.done)
-	}()
-	r.tb.Cleanup(func() { cancel(); <-m.done })
-	r.members = append(r.members, m)
-	return m, p
+	return r.startOn(name, dial(r.tb, p.Addr())), p
 }
 
 // othersLead reports whether every one of elections is led by a live

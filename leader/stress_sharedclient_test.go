@@ -8,7 +8,6 @@ package leader_test
 import (
 	"context"
 	"math/rand/v2"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -18,22 +17,6 @@ import (
 	"github.com/dsslock/dsslock/leader"
 	"github.com/dsslock/dsslock/sskv"
 )
-
-func (r *groupRig) startOn(name string, c *sskv.Client) *groupMember {
-	g, err := leader.NewGroup(c, "shards", r.elections, []byte(name), append(slices.Clone(r.opts), leader.WithCandidateID(name))...)
-	if err != nil {
-		r.tb.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	m := &groupMember{name: name, c: c, g: g, stop: cancel, done: make(chan struct{})}
-	go func() {
-		m.err = g.Run(ctx, r.work(c))
-		close(m.done)
-	}()
-	r.tb.Cleanup(func() { cancel(); <-m.done })
-	r.members = append(r.members, m)
-	return m
-}
 
 func TestStressSharedClientGroupSharedStuckWriter(t *testing.T) {
 	stressOnly(t)

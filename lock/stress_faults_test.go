@@ -267,41 +267,54 @@ func runAdvRigSem(t *testing.T, cfg lock.Config, semCfg lock.SemaphoreConfig, n 
 	r := &advRig{t: t, srv: srv, cfg: cfg, semCfg: semCfg, admin: dial(t, srv.Addr()), restarts: restarts}
 	for i := range n {
 		p := startProxy(t, srv.Addr())
-		c := dial(t, p.Addr())
-		r.proxies = append(r.proxies, p)
-		r.clients = append(r.clients, c)
-		if r.semCfg.Limit > 0 {
-			sc := r.semCfg
-			sc.HolderID = fmt.Sprintf("h%d", i)
-			r.sems = append(r.sems, newSemaphore(t, c, sc))
-		} else {
-			lc := cfg
-			lc.HolderID = fmt.Sprintf("h%d", i)
-			r.locks = append(r.locks, newLock(t, c, lc))
-		}
+		r.addContender(i, dial(t, p.Addr()), p)
 	}
+	r.run(d, seed, func(ctx context.Context) { r.faults(ctx, rand.New(rand.NewPCG(seed, seed))) })
+}
+
+// addContender adds contender i, on client c behind proxy p: a participant
+// of the rig's Semaphore, if it has one, or else a Lock.
+func (r *advRig) addContender(i int, c *sskv.Client, p *faultproxy.Proxy) {
+	r.proxies = append(r.proxies, p)
+	r.clients = append(r.clients, c)
+	if r.semCfg.Limit > 0 {
+		sc := r.semCfg
+		sc.HolderID = fmt.Sprintf("h%d", i)
+		r.sems = append(r.sems, newSemaphore(r.t, c, sc))
+	} else {
+		lc := r.cfg
+		lc.HolderID = fmt.Sprintf("h%d", i)
+		r.locks = append(r.locks, newLock(r.t, c, lc))
+	}
+}
+
+// run has the contenders contend for d, with each of faults running beside
+// them until then; then it lifts every fault and checks.
+func (r *advRig) run(d time.Duration, seed uint64, faults ...func(ctx context.Context)) {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	var wg sync.WaitGroup
-	for i := range n {
-		if semCfg.Limit > 0 {
+	for i := range r.clients {
+		if r.semCfg.Limit > 0 {
 			wg.Go(func() { r.semHolder(ctx, i) })
 		} else {
 			wg.Go(func() { r.holder(ctx, i) })
 		}
 	}
-	wg.Go(func() { r.faults(ctx, rand.New(rand.NewPCG(seed, seed))) })
+	for _, f := range faults {
+		wg.Go(func() { f(ctx) })
+	}
 	wg.Wait()
 	r.srvMu.Lock()
-	srv = r.srv
+	srv := r.srv
 	r.srvMu.Unlock()
-	for i := range n {
-		srv.Release(r.clients[i].ID())
+	for i, c := range r.clients {
+		srv.Release(c.ID())
 		r.proxies[i].Heal()
 		r.proxies[i].SetDelay(0)
-		srv.SetResponseFault(r.clients[i].ID(), localstore.ResponseFault{})
+		srv.SetResponseFault(c.ID(), localstore.ResponseFault{})
 	}
-	t.Logf("seed %d: %d holdings, last token %v", seed, r.acquired, r.lastWrite)
+	r.t.Logf("seed %d: %d holdings, last token %v", seed, r.acquired, r.lastWrite)
 	r.check(20 * time.Millisecond)
 }
 

@@ -9,14 +9,12 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/dsslock/dsslock/faultproxy"
 	"github.com/dsslock/dsslock/lock"
 	"github.com/dsslock/dsslock/sskv"
-	"github.com/dsslock/dsslock/sskv/localstore"
 )
 
 // runSharedClientRig is runAdvRig(Sem) with the contenders sharing clients:
@@ -45,37 +43,12 @@ func runSharedClientRig(t *testing.T, cfg lock.Config, semCfg lock.SemaphoreConf
 			go func() { _ = bl.Lock(testCtx(t)) }()
 		}
 	}
-	n := nClients * perClient
-	for i := range n {
+	for i := range nClients * perClient {
 		k := i % nClients
-		c, p := cs[k], ps[k]
-		r.proxies = append(r.proxies, p)
-		r.clients = append(r.clients, c)
-		if r.semCfg.Limit > 0 {
-			sc := r.semCfg
-			sc.HolderID = fmt.Sprintf("h%d", i)
-			r.sems = append(r.sems, newSemaphore(t, c, sc))
-		} else {
-			lc := cfg
-			lc.HolderID = fmt.Sprintf("h%d", i)
-			r.locks = append(r.locks, newLock(t, c, lc))
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	var wg sync.WaitGroup
-	for i := range n {
-		if semCfg.Limit > 0 {
-			wg.Go(func() { r.semHolder(ctx, i) })
-		} else {
-			wg.Go(func() { r.holder(ctx, i) })
-		}
-	}
-	if !sharedStuckOnly {
-		wg.Go(func() { r.faults(ctx, rand.New(rand.NewPCG(seed, seed))) })
+		r.addContender(i, cs[k], ps[k])
 	}
 	// The stuck-writer fault.
-	wg.Go(func() {
+	stuck := func(ctx context.Context) {
 		rng := rand.New(rand.NewPCG(seed+1, seed))
 		big := []byte(strings.Repeat("x", 1<<20))
 		for ctx.Err() == nil {
@@ -94,19 +67,12 @@ func runSharedClientRig(t *testing.T, cfg lock.Config, semCfg lock.SemaphoreConf
 			}
 			ps[k].Heal()
 		}
-	})
-	wg.Wait()
-	r.srvMu.Lock()
-	srv = r.srv
-	r.srvMu.Unlock()
-	for i := range n {
-		srv.Release(r.clients[i].ID())
-		r.proxies[i].Heal()
-		r.proxies[i].SetDelay(0)
-		srv.SetResponseFault(r.clients[i].ID(), localstore.ResponseFault{})
 	}
-	t.Logf("seed %d: %d holdings, last token %v", seed, r.acquired, r.lastWrite)
-	r.check(20 * time.Millisecond)
+	if sharedStuckOnly {
+		r.run(d, seed, stuck)
+		return
+	}
+	r.run(d, seed, stuck, func(ctx context.Context) { r.faults(ctx, rand.New(rand.NewPCG(seed, seed))) })
 }
 
 // sharedStuckOnly leaves only the stuck-writer fault (set by
