@@ -758,6 +758,13 @@ func (l *Lock) release(ctx context.Context) error {
 	}
 	conn, ctx, stop, err := h.releaseConn(ctx)
 	if err != nil {
+		// Nothing can be deleted: the key expires within its TTL. The queue
+		// still goes to its first waiter, which takes the key once it is
+		// free.
+		if l.q != nil {
+			l.q.handOnKept()
+			l.q.release()
+		}
 		return l.wrap("unlock", err)
 	}
 	defer stop()

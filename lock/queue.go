@@ -1070,6 +1070,26 @@ func (q *queue) handOver() (first entry, ok bool) {
 	return q.entries[0], true
 }
 
+// handOnKept hands on the queue this Lock still keeps from a holding that
+// ended without a release that handed it over: the holding was lost, and
+// Unlock was not called, or could not reach the store. Its first waiter is
+// sent the turn, as after a release, and takes the key when it is free (or
+// merges the queue into its own, if it took the key meanwhile). A Lock that
+// waited again while counting itself the keeper would take the turns it is
+// sent for its own queue's business, and never the lock. The caller has the
+// turn, and the Lock does not hold.
+func (q *queue) handOnKept() {
+	q.mu.Lock()
+	holds := q.holds
+	q.mu.Unlock()
+	if !holds {
+		return
+	}
+	if _, ok := q.handOver(); ok {
+		q.sendTurn(hlc.Timestamp{})
+	}
+}
+
 // sendTurn hands the queue to its first waiter, after the release, with
 // the reservation's version (zero without one).
 func (q *queue) sendTurn(token hlc.Timestamp) {

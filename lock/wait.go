@@ -354,6 +354,11 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 		u, err := l.wait(ctx)
 		return unknown || u, err
 	}
+	if !l.holding().live() {
+		// A holding that ended without handing the queue over leaves it
+		// here: it goes on first, and this Lock waits as the others do.
+		q.handOnKept()
+	}
 	q.startWait()
 	acquired := false
 	defer func() {
