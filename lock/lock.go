@@ -133,8 +133,16 @@ func (l *Lock) tryLock(ctx context.Context, ft hlc.Timestamp) (bool, error) {
 		return false, l.wrap("", l.closedErr(ctx, err))
 	}
 	if time.Now().Before(l.holdOff(cn)) {
-		l.end()
-		return false, nil // within a TTL of a reconnect: the key may be held unseen
+		// Within a TTL of a reconnect: the key may be held unseen, unless
+		// it is still reserved for this Lock (see reservedOn).
+		ok := false
+		if !ft.IsZero() {
+			ft, ok = l.reservedOn(ctx, cn)
+		}
+		if !ok {
+			l.end()
+			return false, nil
+		}
 	}
 	ok, err := l.attemptFenced(ctx, cn, ft)
 	switch {

@@ -100,9 +100,10 @@ func lockAfterUnreleasedLoss(t *testing.T, fenceKey, unlock bool) {
 	}
 	proxy.Heal()
 
-	// a waits again, behind b. It reconnected after an outage, so it
-	// takes nothing within a TTL of its reconnection (see Lock): it takes
-	// its turn within about a TTL of b's release, not at once.
+	// a waits again, behind b. It reconnected after an outage, so it takes
+	// no free key within a TTL of its reconnection (see Lock): a plain Lock
+	// takes its turn within about a TTL of b's release; with FenceKey, the
+	// key is reserved for it, and it takes it at once.
 	go func() { aGot <- a.Lock(ctx) }()
 	answered(aInbox, "a, again")
 	start := time.Now()

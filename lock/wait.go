@@ -269,6 +269,33 @@ func (l *Lock) holdOff(cn *sskv.Conn) time.Time {
 	return cn.Since().Add(l.cfg.TTL)
 }
 
+// reservedOn reports whether a read through cn finds the key reserved for
+// this Lock (its acquisition record, written by a holder that handed the
+// lock to it), and the reservation's version, which the SET that takes the
+// key is fenced with; cn is the connection that SET goes out on.
+//
+// Such a reservation lets the Lock take the key within its hold-off after
+// a reconnect (see holdOff), which guards against taking a key that
+// vanished with a store restart while its holder still counts on it. A key
+// that holds the reservation has not vanished from the store cn reaches (a
+// restart after the read would end cn, and the SET with it). Whoever wrote
+// the reservation either held the key until then, as a holding that was
+// never lost, and so nobody else held it meanwhile, and it has handed the
+// key on (a release); or found the key free where nobody could count on it
+// (a Semaphore's keeper, after the hold-offs a waiter keeps). Nobody counts
+// on the key but this Lock. A reservation this Lock has only heard of (a
+// turn's version) is not enough: it may have expired, and the key been
+// taken, and lost with a restart, since.
+func (l *Lock) reservedOn(ctx context.Context, cn *sskv.Conn) (hlc.Timestamp, bool) {
+	rctx, cancel := l.until(ctx, time.Now().Add(l.cfg.TTL))
+	defer cancel()
+	res, err := cn.Get(rctx, l.cfg.Name)
+	if err != nil || !res.Found || !bytes.Equal(res.Value, l.acqRecord()) {
+		return hlc.Timestamp{}, false
+	}
+	return res.Version, true
+}
+
 // waitWatch is a waiter's watch of the key, which a FenceKey holding takes
 // over when the wait ends in an acquisition (see holding.guard). The zero
 // waitWatch is none. A Lock keeps it by value: a waiter's watch costs no
@@ -400,14 +427,23 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 		if err != nil {
 			return true, err
 		}
-		if until := l.holdOff(cn); until.After(holdUntil) {
-			holdUntil = until
+		until := holdUntil
+		if off := l.holdOff(cn); off.After(until) {
+			until = off
 		}
-		if d := time.Until(holdUntil); d > 0 {
-			l.log.Debug("the key may still be held by a holder that lost it unseen; waiting", "for", d)
-			retrying = true
-			timer.Reset(d)
-			return false, nil
+		if d := time.Until(until); d > 0 {
+			// Only a reconnect holds it off, and the key is reserved for
+			// it: a read on cn shows whether it still is (see reservedOn).
+			ok := false
+			if !ft.IsZero() && !time.Now().Before(holdUntil) {
+				ft, ok = l.reservedOn(ctx, cn)
+			}
+			if !ok {
+				l.log.Debug("the key may still be held by a holder that lost it unseen; waiting", "for", d)
+				retrying = true
+				timer.Reset(d)
+				return false, nil
+			}
 		}
 		var kw keyWatch
 		if l.cfg.FenceKey {
