@@ -205,7 +205,11 @@
 //     whatever it saw before (TryLock reports false meanwhile), nor within
 //     a TTL of a Resync of a waiter's watch that finds missing a key the
 //     waiter had seen held. Otherwise a release or an expiry a waiter sees
-//     (a DELETE notification) is taken at once.
+//     (a DELETE notification) is taken at once. One exception to the
+//     reconnect's TTL: a key a FenceKey release reserved for this Lock (or
+//     a Semaphore's keeper, for this participant), which a read on the new
+//     connection finds still reserved, is taken at once. It has not
+//     vanished, and nobody else counts on it.
 //
 // # Store restarts
 //
