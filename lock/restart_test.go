@@ -23,7 +23,7 @@ import (
 
 var restartStore = storetest.Restart
 
-func startProxy(t *testing.T, target string) *faultproxy.Proxy {
+func startProxy(t testing.TB, target string) *faultproxy.Proxy {
 	t.Helper()
 	p, err := faultproxy.Start(target, faultproxy.Options{})
 	if err != nil {

@@ -36,7 +36,7 @@ type advInterval struct {
 }
 
 type advRig struct {
-	t        *testing.T
+	t        testing.TB
 	restarts bool // the faults include store restarts
 	// restarted counts the restarts begun and ended (odd while one is
 	// under way): a key read after one may be gone with the store, before
@@ -151,20 +151,9 @@ func (r *advRig) faults(ctx context.Context, rng *rand.Rand) {
 		}
 		switch rng.IntN(kinds) {
 		case 7, 8:
-			addr := srv.Addr()
-			r.restarted.Add(1)
-			_ = srv.Close()
-			time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond)
-			next, err := localstore.Start(localstore.Config{Addr: addr})
-			if err != nil {
-				r.problem("restarting the store: %v", err)
+			if !r.restart(time.Duration(rng.IntN(300)) * time.Millisecond) {
 				return
 			}
-			r.restarted.Add(1)
-			r.srvMu.Lock()
-			r.srv = next
-			r.srvMu.Unlock()
-			r.t.Cleanup(func() { _ = next.Close() })
 		case 0:
 			_ = srv.Kick(id)
 		case 1:
@@ -218,6 +207,29 @@ func (r *advRig) faults(ctx context.Context, rng *rand.Rand) {
 			}()
 		}
 	}
+}
+
+// restart stops the store and starts it again on the same address after
+// down, losing every key; it reports whether the store is back.
+func (r *advRig) restart(down time.Duration) bool {
+	r.srvMu.Lock()
+	srv := r.srv
+	r.srvMu.Unlock()
+	addr := srv.Addr()
+	r.restarted.Add(1)
+	_ = srv.Close()
+	time.Sleep(down)
+	next, err := localstore.Start(localstore.Config{Addr: addr})
+	if err != nil {
+		r.problem("restarting the store: %v", err)
+		return false
+	}
+	r.restarted.Add(1)
+	r.srvMu.Lock()
+	r.srv = next
+	r.srvMu.Unlock()
+	r.t.Cleanup(func() { _ = next.Close() })
+	return true
 }
 
 // check reports every pair of holdings that overlapped by more than slack
