@@ -208,19 +208,7 @@ func TestQueueSurvivesDeadWaiter(t *testing.T) {
 		return w
 	}
 	// The holder keeps a queue: it waited for the lock itself.
-	first := newLock(t, dial(t, srv.Addr()), lock.Config{Name: "q", TTL: ttl})
-	mustLock(t, first)
-	hc := dial(t, srv.Addr())
-	holder := newLock(t, hc, lock.Config{Name: "q", TTL: ttl})
-	held := make(chan error, 1)
-	go func() { held <- holder.Lock(ctx) }()
-	waitFor(t, "the holder to wait", func() bool { return srv.Watching(hc.ID(), "q\x00inbox\x00"+holder.HolderID()) })
-	if err := first.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-held; err != nil {
-		t.Fatal(err)
-	}
+	holder := queueKeeper(t, srv, dial(t, srv.Addr()), lock.Config{Name: "q", TTL: ttl})
 	const n = 5
 	clients := make([]*sskv.Client, n)
 	ls := make([]*lock.Lock, n)

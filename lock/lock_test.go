@@ -17,6 +17,7 @@ import (
 	"github.com/dsslock/dsslock/internal/storetest"
 	"github.com/dsslock/dsslock/lock"
 	"github.com/dsslock/dsslock/sskv"
+	"github.com/dsslock/dsslock/sskv/localstore"
 )
 
 func TestMain(m *testing.M) {
@@ -32,6 +33,28 @@ var (
 	dial       = storetest.Dial
 	waitFor    = storetest.Eventually
 )
+
+// queueKeeper returns a Lock on c that holds cfg's lock and keeps its
+// queue: it waited for the lock (a Lock that takes a free lock keeps none),
+// behind another Lock on srv, which has released it.
+func queueKeeper(t testing.TB, srv *localstore.Server, c *sskv.Client, cfg lock.Config) *lock.Lock {
+	t.Helper()
+	ctx := testCtx(t)
+	first := newLock(t, dial(t, srv.Addr()), cfg)
+	mustLock(t, first)
+	keeper := newLock(t, c, cfg)
+	held := make(chan error, 1)
+	go func() { held <- keeper.Lock(ctx) }()
+	inbox := cfg.Name + "\x00inbox\x00" + keeper.HolderID()
+	waitFor(t, "the keeper to wait", func() bool { return srv.Watching(c.ID(), inbox) })
+	if err := first.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-held; err != nil {
+		t.Fatal(err)
+	}
+	return keeper
+}
 
 func newLock(t testing.TB, c *sskv.Client, cfg lock.Config) *lock.Lock {
 	t.Helper()

@@ -59,22 +59,11 @@ func lockAfterUnreleasedLoss(t *testing.T, fenceKey, unlock bool) {
 		}
 	}
 
-	// a keeps the queue: it waits for the lock, then holds it.
-	first := newLock(t, dial(t, srv.Addr()), cfg)
-	mustLock(t, first)
+	// a keeps the queue: it waited for the lock, and holds it.
 	proxy := startProxy(t, srv.Addr())
-	ac := dial(t, proxy.Addr())
-	a := newLock(t, ac, cfg)
+	a := queueKeeper(t, srv, dial(t, proxy.Addr()), cfg)
 	aInbox := inbox(a)
 	aGot := make(chan error, 1)
-	go func() { aGot <- a.Lock(ctx) }()
-	waitFor(t, "a to wait", func() bool { return srv.Watching(ac.ID(), "q\x00inbox\x00"+a.HolderID()) })
-	if err := first.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-aGot; err != nil {
-		t.Fatal(err)
-	}
 	// b waits behind it.
 	b := newLock(t, dial(t, srv.Addr()), cfg)
 	bInbox := inbox(b)

@@ -22,19 +22,7 @@ func TestReservedTurnTakenRightAfterReconnect(t *testing.T) {
 	ctx := testCtx(t)
 	cfg := lock.Config{Name: "q", TTL: ttl, FenceKey: true}
 	// The holder keeps a queue: it waited for the lock itself.
-	first := newLock(t, dial(t, srv.Addr()), cfg)
-	mustLock(t, first)
-	hc := dial(t, srv.Addr())
-	holder := newLock(t, hc, cfg)
-	held := make(chan error, 1)
-	go func() { held <- holder.Lock(ctx) }()
-	waitFor(t, "the holder to wait", func() bool { return srv.Watching(hc.ID(), "q\x00inbox\x00"+holder.HolderID()) })
-	if err := first.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-held; err != nil {
-		t.Fatal(err)
-	}
+	holder := queueKeeper(t, srv, dial(t, srv.Addr()), cfg)
 
 	wc := dial(t, srv.Addr())
 	w := newLock(t, wc, cfg)
@@ -96,19 +84,7 @@ func TestExpiredReservationNotTakenAfterReconnect(t *testing.T) {
 	ctx := testCtx(t)
 	cfg := lock.Config{Name: "q", TTL: ttl, FenceKey: true}
 	admin := dial(t, srv.Addr())
-	first := newLock(t, dial(t, srv.Addr()), cfg)
-	mustLock(t, first)
-	hc := dial(t, srv.Addr())
-	holder := newLock(t, hc, cfg)
-	held := make(chan error, 1)
-	go func() { held <- holder.Lock(ctx) }()
-	waitFor(t, "the holder to wait", func() bool { return srv.Watching(hc.ID(), "q\x00inbox\x00"+holder.HolderID()) })
-	if err := first.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-held; err != nil {
-		t.Fatal(err)
-	}
+	holder := queueKeeper(t, srv, dial(t, srv.Addr()), cfg)
 	wc := dial(t, srv.Addr())
 	w := newLock(t, wc, cfg)
 	told, err := admin.Watch(ctx, "q\x00inbox\x00"+w.HolderID())
