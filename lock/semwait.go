@@ -349,13 +349,16 @@ func (cv *cover) onEvent(j int, ev sskv.Event) {
 	cv.signal()
 }
 
-// due returns the slots to try now, clearing their marks, and when the
-// next one is due (zero: at the next change).
-func (cv *cover) due(ctx context.Context) (slots []int, next time.Time) {
-	var holdOff time.Time
-	if cn, err := cv.s.c.Connection(ctx); err == nil {
-		holdOff = cv.s.slots[0].holdOff(cn)
+// due returns the slots to try now, clearing their marks, the connection
+// whose hold-off (see Lock.holdOff) they were checked against, and when the
+// next one is due (zero: at the next change). Without a connection (ctx
+// ended, or the client closed), none is due.
+func (cv *cover) due(ctx context.Context) (slots []int, cn *sskv.Conn, next time.Time) {
+	cn, err := cv.s.c.Connection(ctx)
+	if err != nil {
+		return nil, nil, time.Time{}
 	}
+	holdOff := cv.s.slots[0].holdOff(cn)
 	now := time.Now()
 	cv.mu.Lock()
 	defer cv.mu.Unlock()
@@ -378,7 +381,7 @@ func (cv *cover) due(ctx context.Context) (slots []int, next time.Time) {
 		cv.pending[j] = false
 		slots = append(slots, j)
 	}
-	return slots, next
+	return slots, cn, next
 }
 
 // retry marks slot j to be tried again at t.
@@ -395,7 +398,7 @@ func (cv *cover) retry(j int, t time.Time) {
 // tryFreed tries the slots that are due with TryLock, and returns the one
 // it took, or 0 and when to look again (zero: at the next change).
 func (cv *cover) tryFreed(ctx context.Context) (int, time.Time) {
-	slots, next := cv.due(ctx)
+	slots, _, next := cv.due(ctx) // TryLock checks its own connection's hold-off
 	for _, j := range slots {
 		l := cv.s.slots[j]
 		ok, err := l.TryLock(ctx)
@@ -413,7 +416,7 @@ func (cv *cover) tryFreed(ctx context.Context) (int, time.Time) {
 // queue, and tells that waiter, until the slots or the waiters run out. It
 // returns when to look again (zero: at the next change).
 func (cv *cover) offerFreed(ctx context.Context, l0 *Lock) time.Time {
-	slots, next := cv.due(ctx)
+	slots, cn, next := cv.due(ctx)
 	for i, j := range slots {
 		first, ok := l0.firstWaiter()
 		if !ok {
@@ -422,7 +425,7 @@ func (cv *cover) offerFreed(ctx context.Context, l0 *Lock) time.Time {
 			}
 			break
 		}
-		if err := cv.s.reserve(ctx, l0, j, first); err != nil {
+		if err := cv.s.reserve(ctx, cn, l0, j, first); err != nil {
 			if ctx.Err() != nil {
 				break
 			}
@@ -437,7 +440,13 @@ func (cv *cover) offerFreed(ctx context.Context, l0 *Lock) time.Time {
 // out of l0's queue and tells it. Once begun, it goes on past ctx's end
 // (for a TTL at most): a SET whose answer was not awaited may have
 // reserved the slot, for a waiter nobody would tell.
-func (s *Semaphore) reserve(ctx context.Context, l0 *Lock, j int, first entry) error {
+//
+// The reservation goes out on cn, the connection whose hold-off found the
+// slot due (see cover.due), or not at all: sent on a later connection,
+// after a store restart, it could reserve a slot that vanished while its
+// holder still counts on it, and the waiter takes a slot reserved for it
+// without a hold-off of its own (see Lock.reservedOn).
+func (s *Semaphore) reserve(ctx context.Context, cn *sskv.Conn, l0 *Lock, j int, first entry) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -457,7 +466,7 @@ func (s *Semaphore) reserve(ctx context.Context, l0 *Lock, j int, first entry) e
 	if ft.IsZero() {
 		return errors.New("this participant does not hold slot 0")
 	}
-	res, err := s.c.Set(ctx, key, first.rec, sskv.SetOptions{Condition: sskv.IfNotExists, Expiry: s.cfg.TTL, FencingToken: ft})
+	res, err := cn.Set(ctx, key, first.rec, sskv.SetOptions{Condition: sskv.IfNotExists, Expiry: s.cfg.TTL, FencingToken: ft})
 	if err != nil || !res.Applied {
 		return err // held: its release or expiry will tell
 	}
