@@ -55,6 +55,9 @@ type Config struct {
 	// it must also cover the clock rate difference between holder and store.
 	// It also bounds the wait for the answer to an acquisition, which could
 	// promise nothing later: one whose answer was lost is tried again then.
+	// With FenceKey an acquisition is two round trips, both within
+	// RenewDeadline: over a path slower than half of it, nothing is
+	// acquired (TryLock reports false; Lock keeps trying until ctx ends).
 	RenewDeadline time.Duration
 
 	// FenceKey makes each holding fence the lock's own key with its token,
