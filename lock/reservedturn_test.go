@@ -26,19 +26,7 @@ func TestReservedTurnTakenRightAfterReconnect(t *testing.T) {
 
 	wc := dial(t, srv.Addr())
 	w := newLock(t, wc, cfg)
-	observer := dial(t, srv.Addr())
-	told, err := observer.Watch(ctx, "q\x00inbox\x00"+w.HolderID())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer told.Stop()
-	got := make(chan error, 1)
-	go func() { got <- w.Lock(ctx) }()
-	select {
-	case <-told.Events(): // the holder answered its join
-	case <-time.After(waitTimeout):
-		t.Fatal("the holder did not answer the waiter's join")
-	}
+	got := queuedLock(t, dial(t, srv.Addr()), w)
 	before, err := wc.Connection(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -87,18 +75,7 @@ func TestExpiredReservationNotTakenAfterReconnect(t *testing.T) {
 	holder := queueKeeper(t, srv, dial(t, srv.Addr()), cfg)
 	wc := dial(t, srv.Addr())
 	w := newLock(t, wc, cfg)
-	told, err := admin.Watch(ctx, "q\x00inbox\x00"+w.HolderID())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer told.Stop()
-	got := make(chan error, 1)
-	go func() { got <- w.Lock(ctx) }()
-	select {
-	case <-told.Events(): // the holder answered its join
-	case <-time.After(waitTimeout):
-		t.Fatal("the holder did not answer the waiter's join")
-	}
+	got := queuedLock(t, admin, w)
 
 	// The waiter hears nothing more; the key is reserved for it, and
 	// expires.
@@ -137,4 +114,25 @@ func TestExpiredReservationNotTakenAfterReconnect(t *testing.T) {
 	if err := w.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// queuedLock calls l.Lock in the background, and returns once the holder
+// has answered its join (a message in l's inbox, which observer watches):
+// l waits in the holder's queue. Lock's result comes on the channel.
+func queuedLock(t *testing.T, observer *sskv.Client, l *lock.Lock) <-chan error {
+	t.Helper()
+	ctx := testCtx(t)
+	told, err := observer.Watch(ctx, l.Name()+"\x00inbox\x00"+l.HolderID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer told.Stop()
+	got := make(chan error, 1)
+	go func() { got <- l.Lock(ctx) }()
+	select {
+	case <-told.Events():
+	case <-time.After(waitTimeout):
+		t.Fatal("the holder did not answer the waiter's join")
+	}
+	return got
 }
