@@ -56,6 +56,35 @@ func queueKeeper(t testing.TB, srv *localstore.Server, c *sskv.Client, cfg lock.
 	return keeper
 }
 
+// queuedLock calls l.Lock in the background, and returns once the holder
+// has answered its join (a message in l's inbox, which observer watches):
+// l waits in the holder's queue. Lock's result comes on the channel.
+func queuedLock(t testing.TB, observer *sskv.Client, l *lock.Lock) <-chan error {
+	t.Helper()
+	ctx := testCtx(t)
+	told, err := observer.Watch(ctx, l.Name()+"\x00inbox\x00"+l.HolderID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer told.Stop()
+	got := make(chan error, 1)
+	go func() { got <- l.Lock(ctx) }()
+	for {
+		select {
+		case ev, ok := <-told.Events():
+			if !ok {
+				t.Fatalf("the watch of %s's inbox ended: %v", l.HolderID(), told.Err())
+			}
+			// Not a join sent to it (as a holder): an answer.
+			if ev.Op == sskv.OpSet && len(ev.Value) > 0 && ev.Value[0] != '+' && ev.Value[0] != '*' {
+				return got
+			}
+		case <-time.After(waitTimeout):
+			t.Fatalf("the holder did not answer %s's join", l.HolderID())
+		}
+	}
+}
+
 func newLock(t testing.TB, c *sskv.Client, cfg lock.Config) *lock.Lock {
 	t.Helper()
 	l, err := lock.New(c, cfg)

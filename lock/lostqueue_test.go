@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/dsslock/dsslock/lock"
-	"github.com/dsslock/dsslock/sskv"
 )
 
 // A Lock that kept the queue (it waited for the lock, and waiters joined
@@ -32,44 +31,13 @@ func lockAfterUnreleasedLoss(t *testing.T, fenceKey, unlock bool) {
 	ctx := testCtx(t)
 	cfg := lock.Config{Name: "q", TTL: ttl, FenceKey: fenceKey}
 	observer := dial(t, srv.Addr())
-	inbox := func(l *lock.Lock) *sskv.Watcher {
-		w, err := observer.Watch(ctx, "q\x00inbox\x00"+l.HolderID())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(w.Stop)
-		return w
-	}
-	// answered waits for a message in w's inbox from the holder (the
-	// answer to a join).
-	answered := func(w *sskv.Watcher, what string) {
-		t.Helper()
-		for {
-			select {
-			case ev, ok := <-w.Events():
-				if !ok {
-					t.Fatalf("%s: the observer's watch ended: %v", what, w.Err())
-				}
-				if ev.Op == sskv.OpSet && len(ev.Value) > 0 && ev.Value[0] != '+' && ev.Value[0] != '*' {
-					return
-				}
-			case <-time.After(waitTimeout):
-				t.Fatalf("%s: no answer to the join", what)
-			}
-		}
-	}
 
 	// a keeps the queue: it waited for the lock, and holds it.
 	proxy := startProxy(t, srv.Addr())
 	a := queueKeeper(t, srv, dial(t, proxy.Addr()), cfg)
-	aInbox := inbox(a)
-	aGot := make(chan error, 1)
 	// b waits behind it.
 	b := newLock(t, dial(t, srv.Addr()), cfg)
-	bInbox := inbox(b)
-	bGot := make(chan error, 1)
-	go func() { bGot <- b.Lock(ctx) }()
-	answered(bInbox, "b")
+	bGot := queuedLock(t, observer, b)
 
 	// a is cut off: its holding is lost, and b takes the key once it
 	// expires.
@@ -93,8 +61,7 @@ func lockAfterUnreleasedLoss(t *testing.T, fenceKey, unlock bool) {
 	// no free key within a TTL of its reconnection (see Lock): a plain Lock
 	// takes its turn within about a TTL of b's release; with FenceKey, the
 	// key is reserved for it, and it takes it at once.
-	go func() { aGot <- a.Lock(ctx) }()
-	answered(aInbox, "a, again")
+	aGot := queuedLock(t, observer, a)
 	start := time.Now()
 	if err := b.Unlock(ctx); err != nil {
 		t.Fatal(err)

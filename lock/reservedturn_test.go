@@ -115,24 +115,3 @@ func TestExpiredReservationNotTakenAfterReconnect(t *testing.T) {
 		t.Fatal(err)
 	}
 }
-
-// queuedLock calls l.Lock in the background, and returns once the holder
-// has answered its join (a message in l's inbox, which observer watches):
-// l waits in the holder's queue. Lock's result comes on the channel.
-func queuedLock(t *testing.T, observer *sskv.Client, l *lock.Lock) <-chan error {
-	t.Helper()
-	ctx := testCtx(t)
-	told, err := observer.Watch(ctx, l.Name()+"\x00inbox\x00"+l.HolderID())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer told.Stop()
-	got := make(chan error, 1)
-	go func() { got <- l.Lock(ctx) }()
-	select {
-	case <-told.Events():
-	case <-time.After(waitTimeout):
-		t.Fatal("the holder did not answer the waiter's join")
-	}
-	return got
-}
