@@ -355,7 +355,9 @@ func TestObserve(t *testing.T) {
 	ctx, cancel := context.WithCancel(testCtx(t))
 	o := observe(t, ctx, dial(t, srv.Addr()))
 	o.expect("", "", "the initial state")
-	const ttl = 150 * time.Millisecond
+	// Long enough that a loaded machine running the race detector does not
+	// starve the renewals, which would be a change observed.
+	const ttl = 300 * time.Millisecond
 	a := campaign(t, dial(t, srv.Addr()), "va", leader.WithCandidateID("a"), leader.WithTTL(ttl))
 	if s := o.expect("a", "va", "a's election"); s.Token != a.Token() {
 		t.Fatalf("observed token %v; want %v", s.Token, a.Token())
