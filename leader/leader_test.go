@@ -207,8 +207,9 @@ func TestResignHandsOver(t *testing.T) {
 // soon after its lease expires; followers send no request meanwhile.
 func TestCrashedLeaderReplaced(t *testing.T) {
 	srv := startStore(t)
-	// Long enough that a loaded machine does not starve the renewals.
-	const ttl = 250 * time.Millisecond
+	// Long enough that a loaded machine running the race detector does not
+	// starve the renewals for the renew deadline (a third of the TTL less).
+	const ttl = 400 * time.Millisecond
 	ca := dial(t, srv.Addr())
 	a := campaign(t, ca, "a", leader.WithTTL(ttl))
 	var followers []*sskv.Client

@@ -38,7 +38,8 @@ func TestFenceKeyConfig(t *testing.T) {
 func TestFenceKeyRecordsTokenAndValue(t *testing.T) {
 	srv := startStore(t)
 	c := dial(t, srv.Addr())
-	a := newLock(t, c, lock.Config{Name: "l", TTL: 300 * time.Millisecond, FenceKey: true, Value: []byte("10.0.0.1:80")})
+	// Long enough that a loaded machine does not starve the renewals.
+	a := newLock(t, c, lock.Config{Name: "l", TTL: 600 * time.Millisecond, FenceKey: true, Value: []byte("10.0.0.1:80")})
 	oc := dial(t, srv.Addr())
 	other := newLock(t, oc, lock.Config{Name: "l"})
 	if h := holder(t, other); h.Held() {
