@@ -424,7 +424,9 @@ func TestObserveAcrossKick(t *testing.T) {
 // its term.
 func TestElectorRun(t *testing.T) {
 	srv := startStore(t)
-	const ttl = 300 * time.Millisecond
+	// Long enough that a loaded machine does not starve the second term's
+	// renewals: it must last until the test cancels Run.
+	const ttl = 600 * time.Millisecond
 	proxy := proxied(t, srv.Addr())
 	ca := dial(t, proxy.Addr())
 	var (
