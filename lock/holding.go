@@ -29,6 +29,10 @@ type holding struct {
 	// stopGuard ends the guard's watch when the holding ends; nil while
 	// there is none. Guarded by mu.
 	stopGuard func()
+	// stopWrite ends the context of the write or confirmation in progress
+	// (see within) when the holding ends; nil while there is none. Guarded
+	// by mu.
+	stopWrite context.CancelFunc
 
 	mu    sync.Mutex
 	ended bool
@@ -171,10 +175,13 @@ func (h *holding) endWith(cause error) bool {
 		return false
 	}
 	h.ended = true
-	stop := h.stopGuard
-	h.stopGuard = nil
+	stop, stopWrite := h.stopGuard, h.stopWrite
+	h.stopGuard, h.stopWrite = nil, nil
 	h.mu.Unlock()
 	h.cancel(cause)
+	if stopWrite != nil {
+		stopWrite()
+	}
 	if stop != nil {
 		stop()
 	}
@@ -425,12 +432,17 @@ func (h *holding) guard(ww waitWatch) {
 		return
 	}
 	go func() {
-		// h.ctx bounds the registration; the end of the holding ends the
-		// watch (keepGuard). The Stop of a callback watch does not wait for
-		// the answer to its KEYNOTIFY STOP, which goes out in the
-		// background: the end of the holding (Unlock, Resign) does not wait
-		// for it either.
-		w, err := l.c.WatchFuncDetached(h.ctx, l.cfg.Name, h.judge, h.guardEnded)
+		// The end of the holding ends the registration, then the watch
+		// (keepGuard). The registration's context is its own, not a child
+		// of h.ctx: a child would leave h.ctx the map of its children (a
+		// few hundred bytes) for as long as the holding lasts. The Stop of
+		// a callback watch does not wait for the answer to its KEYNOTIFY
+		// STOP, which goes out in the background: the end of the holding
+		// (Unlock, Resign) does not wait for it either.
+		rctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		h.keepGuard(cancel)
+		w, err := l.c.WatchFuncDetached(rctx, l.cfg.Name, h.judge, h.guardEnded)
 		if err != nil {
 			if h.ctx.Err() == nil {
 				l.log.Debug("cannot watch the held key; renewals alone guard it", "error", err)
@@ -517,12 +529,27 @@ func (h *holding) connection(ctx context.Context) (*sskv.Conn, error) {
 }
 
 // within returns ctx, ended also at expires (the renew deadline) and when
-// the holding ends, and the function that releases it.
+// the holding ends, and the function that releases it. The caller holds
+// writeMu: there is one at a time.
+//
+// The end of the holding ends it through stopWrite, and the renewer gives
+// it context.Background, not h.ctx: no context of the library's is a child
+// of h.ctx. A child, even one long gone, leaves h.ctx the map of its
+// children (a few hundred bytes) for as long as the holding lasts.
 func (h *holding) within(ctx context.Context, expires time.Time) (context.Context, func()) {
 	ctx, cancel := context.WithDeadline(ctx, expires)
-	stop := context.AfterFunc(h.ctx, cancel)
+	h.mu.Lock()
+	if h.ended {
+		h.mu.Unlock()
+		cancel()
+		return ctx, cancel
+	}
+	h.stopWrite = cancel
+	h.mu.Unlock()
 	return ctx, func() {
-		stop()
+		h.mu.Lock()
+		h.stopWrite = nil
+		h.mu.Unlock()
 		cancel()
 	}
 }
@@ -531,7 +558,7 @@ func (h *holding) within(ctx context.Context, expires time.Time) (context.Contex
 // errEnded when the holding ended; another error leaves the confirmation to
 // the next write.
 func (h *holding) recheckNow() error {
-	_, err := h.connection(h.ctx)
+	_, err := h.connection(context.Background()) // within ends it with the holding
 	if h.ctx.Err() != nil {
 		return errEnded
 	}

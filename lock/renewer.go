@@ -2,6 +2,7 @@ package lock
 
 import (
 	"container/heap"
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -271,7 +272,7 @@ func (r *renewer) work(h *holding, confirmOnly bool) {
 	if confirmOnly {
 		ended = errors.Is(h.recheckNow(), errEnded)
 	} else {
-		sent, err := h.write(h.ctx, nil)
+		sent, err := h.write(context.Background(), nil) // within ends it with the holding
 		if f := l.cfg.OnRenewal; f != nil && !sent.IsZero() {
 			rerr := err
 			if errors.Is(err, errEnded) {
