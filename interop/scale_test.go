@@ -382,7 +382,16 @@ func BenchmarkManyElections(b *testing.B) {
 				cs[i] = e.ourClient(fmt.Sprintf("candidate%d", i))
 			}
 			var lat latencies
-			metrics := leader.WithMetrics(leader.Metrics{Renewal: func(d time.Duration, _ error) { lat.add(d) }})
+			var (
+				renewals   atomic.Int64
+				allRenewed = make(chan struct{})
+			)
+			metrics := leader.WithMetrics(leader.Metrics{Renewal: func(d time.Duration, _ error) {
+				lat.add(d)
+				if renewals.Add(1) == int64(n) {
+					close(allRenewed)
+				}
+			}})
 			ctx, cancel := context.WithCancel(e.ctx)
 			defer cancel()
 			var (
@@ -413,11 +422,19 @@ func BenchmarkManyElections(b *testing.B) {
 			for range n {
 				<-elected
 			}
-			// Let the followers settle on their watches (a follower's wait
-			// has no signal for that), then measure: the n leaders'
-			// goroutines have returned, the 2n followers' are blocked in
-			// Campaign.
-			time.Sleep(2 * time.Second)
+			// Measure once the leaders have renewed n times (about once
+			// each, as renewals are spread out): a holding's first
+			// renewal may leave it something its acquisition did not (a
+			// context's map of children did, until 2026-11-27, and the
+			// measure taken before it missed that). By then the followers
+			// have settled on their watches too (within 2 s, which has no
+			// signal). The n leaders' goroutines have returned, the 2n
+			// followers' are blocked in Campaign.
+			select {
+			case <-allRenewed:
+			case <-e.ctx.Done():
+				b.Fatal("the leaders did not all renew")
+			}
 			b.ResetTimer()
 			held := leastOf(10, 500*time.Millisecond)
 			held.goroutines -= 2 * n
