@@ -80,6 +80,12 @@ var (
 	// not sent, and nothing else is disturbed. The error says the sizes.
 	ErrTooLarge = errors.New("sskv: request larger than the broker's maximum packet size")
 
+	// ErrKeyTooLong: a watch of a key too long to be notified of. A
+	// notification's topic carries the key and the client id, in hex, and
+	// an MQTT topic is at most 65,535 bytes: see [Client.MaxWatchKey]. The
+	// client sends no KEYNOTIFY for it.
+	ErrKeyTooLong = errors.New("sskv: key too long to watch")
+
 	// ErrTLSMismatch: the client and the server disagree about TLS. A
 	// client with Config.TLS met a server that answered in plain MQTT (or
 	// not in TLS at all), or a client without it met a server that speaks

@@ -230,6 +230,9 @@ func (c *Client) watchFunc(ctx context.Context, key string, f func(Event), done 
 // watch registers a watcher of key. Unless detached, ctx also bounds the
 // life of the watch.
 func (c *Client) watch(ctx context.Context, key string, f func(Event), done func(error), detached bool) (*Watcher, error) {
+	if max := c.MaxWatchKey(); len(key) > max {
+		return nil, keyErr("watch", key, fmt.Errorf("%w: %d bytes; client %q can watch keys of at most %d", ErrKeyTooLong, len(key), c.id, max))
+	}
 	w, reg, err := c.attach(ctx, key, f)
 	if err != nil {
 		return nil, keyErr("watch", key, err)
@@ -257,6 +260,12 @@ func (c *Client) watch(ctx context.Context, key string, f func(Event), done func
 	}
 	return w, nil
 }
+
+// MaxWatchKey returns the length of the longest key c can watch: a
+// notification's topic carries the key and the client id, in hex, and an
+// MQTT topic is at most 65,535 bytes. With a client id of 40 bytes, it is
+// 32,690 bytes. A watch of a longer key fails with [ErrKeyTooLong].
+func (c *Client) MaxWatchKey() int { return max(0, wire.MaxNotifyKey(c.id)) }
 
 // attach adds a watcher of key, creating the key's registration if needed.
 // f is WatchFunc's, or nil for a channel watcher.

@@ -207,6 +207,12 @@ func (s *Server) execute(cl clientRef, req *request) result {
 			}
 			return result{payload: zeroPayload}
 		}
+		if len(key) > wire.MaxNotifyKey(cl.id) {
+			// Its notifications could not be sent: their topic would be
+			// longer than MQTT allows. A key size quota.
+			s.log.Warn("refused KEYNOTIFY: key too long to notify of", "client", cl.id, "bytes", len(key), "limit", wire.MaxNotifyKey(cl.id))
+			return errResult(wire.MsgQuotaExceeded)
+		}
 		if !s.watch(cl, key) {
 			return errResult(wire.MsgQuotaExceeded)
 		}

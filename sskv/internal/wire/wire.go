@@ -57,6 +57,16 @@ const (
 	MsgFencingLowerDoc  = "the request fencing token is a lower version that the fencing token protecting the resource" // the public document's typo
 )
 
+// MaxTopic is the length of the longest MQTT topic name, in bytes.
+const MaxTopic = 65535
+
+// MaxNotifyKey returns the length of the longest key whose notification
+// topic for clientID (see NotifyTopic) fits in MaxTopic: the topic carries
+// the client id and the key in hex. It is negative if no key fits.
+func MaxNotifyKey(clientID string) int {
+	return (MaxTopic - len(NotifyPrefix) - len("/") - 2*len(clientID) - len("/command/notify/")) / 2
+}
+
 // NotifyTopic returns the topic on which the service delivers notifications of
 // key changes to the client with the given id: both parts upper-case hex.
 func NotifyTopic(clientID string, key []byte) string {
