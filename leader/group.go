@@ -116,12 +116,14 @@ func NewGroup(c *sskv.Client, group string, elections []string, value []byte, op
 	if o.candidateID == "" {
 		o.candidateID = c.ID() + "/" + randHex(8)
 	}
-	// Validate the options as a term's lock, and a slot's, would.
-	l, err := lock.New(c, o.lockConfig(sorted[0], value))
+	// Validate the options as a term's lock, and a slot's, would: those
+	// with the longest keys, which must not be too long to watch.
+	longest := slices.MaxFunc(sorted, func(a, b string) int { return len(a) - len(b) })
+	l, err := lock.New(c, o.lockConfig(longest, value))
 	if err != nil {
 		return nil, &electionError{group, "group", err}
 	}
-	if _, err := lock.New(c, slotConfig(&o, slotKey(group, 0))); err != nil {
+	if _, err := lock.New(c, slotConfig(&o, slotKey(group, o.maxMembers-1))); err != nil {
 		return nil, &electionError{group, "group", err}
 	}
 	ttl := l.Config().TTL

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"strings"
 	"time"
+
+	"github.com/dsslock/dsslock/sskv"
 )
 
 // Defaults applied by [New] to zero fields of [Config].
@@ -170,6 +172,18 @@ var discardLogger = slog.New(slog.DiscardHandler)
 // lockLogger returns cfg's Logger with the lock's name and holder id,
 // or the Logger itself when it discards everything: a Lock's logger then
 // costs nothing.
+// checkWatchable returns an error wrapping ErrConfig if c cannot watch
+// every key a Lock on name with holderID would: the longest are the inbox
+// keys of its queue (name, inboxInfix, a HolderID). A notification's topic
+// carries the key in hex (see sskv.Client.MaxWatchKey).
+func checkWatchable(c *sskv.Client, name, holderID string) error {
+	if n, max := len(name)+len(inboxInfix)+len(holderID), c.MaxWatchKey(); n > max {
+		return configErr("Name (%d bytes) and HolderID (%d bytes) too long: the lock watches keys of %d bytes, and this client can watch keys of at most %d (%w)",
+			len(name), len(holderID), n, max, sskv.ErrKeyTooLong)
+	}
+	return nil
+}
+
 func lockLogger(cfg *Config) *slog.Logger {
 	if cfg.Logger.Handler() == slog.DiscardHandler {
 		return cfg.Logger

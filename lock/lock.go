@@ -85,6 +85,9 @@ func New(c *sskv.Client, cfg Config) (*Lock, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkWatchable(c, cfg.Name, cfg.HolderID); err != nil {
+		return nil, err
+	}
 	l := &Lock{
 		c:     c,
 		cfg:   cfg,

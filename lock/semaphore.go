@@ -144,6 +144,9 @@ func NewSemaphore(c *sskv.Client, cfg SemaphoreConfig) (*Semaphore, error) {
 		return nil, err
 	}
 	cfg.HolderID, cfg.TTL, cfg.RenewInterval, cfg.RenewDeadline, cfg.Logger = lc.HolderID, lc.TTL, lc.RenewInterval, lc.RenewDeadline, lc.Logger
+	if err := checkWatchable(c, SemaphoreSlot(cfg.Name, maxSemaphoreLimit-1), cfg.HolderID); err != nil {
+		return nil, err
+	}
 	s := &Semaphore{
 		c:     c,
 		cfg:   cfg,
