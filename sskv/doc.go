@@ -62,11 +62,14 @@
 //     session and is sent again after the reconnect, with its Message Expiry
 //     set to the time its caller has left, if its caller still waits. The
 //     response, held in the broker's session while the client was away, is
-//     delivered after the reconnect. QoS 1 is at-least-once, so the service
-//     may execute such a request twice; the client takes the first response,
-//     which is normally the original's (were it lost, the repeat's answer
-//     could report "not applied" or "not deleted" for the client's own
-//     earlier write).
+//     delivered after the reconnect. QoS 1 is at-least-once: an executor of
+//     the Azure IoT Operations request/response protocol answers such a
+//     repeat from a cache (by correlation data) rather than execute it
+//     again, and the local state store does so for SET, DEL and VDEL. A
+//     service that did execute it twice could undo another client's write
+//     made in between (a DEL repeated after someone took the key), so this
+//     client's locks never rely on it: their writes are fenced or
+//     conditional on their own record. The client takes the first response.
 //   - A request whose caller has given up (its context ended) is never sent
 //     again. MQTT makes a resumed session resend every unacknowledged
 //     PUBLISH, so the client resends it as a harmless read instead (a GET of

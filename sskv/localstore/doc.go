@@ -20,7 +20,17 @@
 //     DEL and VDEL notify watchers with DELETE.
 //   - Notifications go into the watching client's own session exactly once,
 //     whether or not it subscribed to its notification topic, with __ts.
-//     Watches end when the client's connection ends.
+//     Watches end when the client's connection ends. A KEYNOTIFY of a key
+//     whose notification topic would be longer than MQTT allows (65,535
+//     bytes: the topic carries the client id and the key in hex) is refused
+//     with the quota error.
+//   - A SET, DEL or VDEL that a client sends again (its resumed session
+//     resends what it saw no PUBACK for, with the same correlation data) is
+//     answered as the first one was, and not executed twice, as the Azure
+//     IoT Operations request/response protocol asks of executors: for the
+//     request's Message Expiry Interval (a minute if it has none; at most
+//     five). GET and KEYNOTIFY are executed again: a watch belongs to a
+//     connection.
 //
 // Requests the protocol forbids, or whose response could not be delivered,
 // are never executed: one without a response topic is dropped (and logged);

@@ -192,6 +192,7 @@ type request struct {
 	noTS     bool
 	qos      byte
 	noCorr   bool
+	corr     []byte // the correlation data; random if nil
 	respTopc *string
 }
 
@@ -238,8 +239,11 @@ func (r response) ts() (hlc.Timestamp, bool) {
 // send publishes r and returns the channel its response arrives on.
 func (rc *rawClient) send(r request) (<-chan *paho.Publish, []byte) {
 	rc.t.Helper()
-	corr := make([]byte, 16)
-	_, _ = rand.Read(corr)
+	corr := r.corr
+	if corr == nil {
+		corr = make([]byte, 16)
+		_, _ = rand.Read(corr)
+	}
 	props := &paho.PublishProperties{ResponseTopic: rc.respTopc, ContentType: wire.ContentType}
 	if r.respTopc != nil {
 		props.ResponseTopic = *r.respTopc

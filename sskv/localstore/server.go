@@ -183,9 +183,12 @@ type Server struct {
 	clock  *hlc.Clock
 	offset atomic.Int64 // nanoseconds added to the wall clock of the HLC
 
-	mu   sync.Mutex // guards tab, and orders notifications
-	tab  *table
-	wake chan struct{} // nudges the expiry loop when the next deadline moves earlier
+	mu  sync.Mutex // guards tab and answered, and orders notifications
+	tab *table
+	// answered keeps the answers to recent SET, DEL and VDEL requests, so
+	// that a copy a resumed session sends again is not executed twice.
+	answered answers
+	wake     chan struct{} // nudges the expiry loop when the next deadline moves earlier
 	// expiryAt is when (table time, see table.now) the expiry loop wakes at
 	// the latest: the earliest deadline it saw, or an earlier one it was
 	// woken for since. A SET with a deadline before it wakes the loop; one
@@ -567,7 +570,7 @@ func (s *Server) handleRequest(cl *mqtt.Client, pk packets.Packet) error {
 	if expiry > 0 {
 		expires = received.Add(expiry)
 	}
-	res, ok := s.serve(clientRef{id: cl.ID, cl: cl}, string(cl.Properties.Username), pk.Payload, pk.Properties.User, expires)
+	res, ok := s.serve(clientRef{id: cl.ID, cl: cl}, string(cl.Properties.Username), pk.Payload, pk.Properties.User, expires, corr, expiry)
 	if !ok {
 		s.log.Warn("dropped state store request: its message expiry passed before it could be executed",
 			"client", cl.ID, "age", time.Since(received), "expiry", expiry)
@@ -589,7 +592,13 @@ func receivedAt(cl *mqtt.Client) time.Time {
 // serve parses and executes one request payload with its user properties. A
 // request that is still waiting for the store's lock at expires (zero: it
 // never expires) is not executed: serve then returns false.
-func (s *Server) serve(cl clientRef, user string, payload []byte, props []packets.UserProperty, expires time.Time) (result, bool) {
+//
+// A SET, DEL or VDEL with the correlation data corr (nil: none) of one of
+// the client's requests answered within its window (see answers) is a copy
+// of it that the client's resumed session sent again: it gets the answer
+// the first one got, and is not executed again. expiry is the request's
+// Message Expiry Interval (zero: none).
+func (s *Server) serve(cl clientRef, user string, payload []byte, props []packets.UserProperty, expires time.Time, corr []byte, expiry time.Duration) (result, bool) {
 	var argBuf [8][]byte
 	args, err := resp.ParseCommand(payload, argBuf[:0])
 	if err != nil {
@@ -609,7 +618,28 @@ func (s *Server) serve(cl clientRef, user string, payload []byte, props []packet
 	if !expires.IsZero() && time.Now().After(expires) {
 		return result{}, false
 	}
-	return s.execute(cl, &req), true
+	var key string
+	if len(corr) > 0 && changes(args[0]) {
+		key = answerKey(cl.id, corr)
+		if res, ok := s.answered.lookup(key); ok {
+			s.log.Debug("answered a repeated request as the first time, without executing it again", "client", cl.id, "verb", string(args[0]))
+			return res, true
+		}
+	}
+	res := s.execute(cl, &req)
+	if key != "" {
+		s.answered.keep(key, res, answerWindow(expiry), time.Now())
+	}
+	return res, true
+}
+
+// changes reports whether verb is one that may change the store.
+func changes(verb []byte) bool {
+	switch string(verb) {
+	case "SET", "DEL", "VDEL":
+		return true
+	}
+	return false
 }
 
 // The store's own -ERR messages, for cases the service's documentation gives
