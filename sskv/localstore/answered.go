@@ -1,6 +1,9 @@
 package localstore
 
-import "time"
+import (
+	"hash/maphash"
+	"time"
+)
 
 // A request that a client's resumed session sends again (the same PUBLISH,
 // with its correlation data, because the client never saw its PUBACK) must
@@ -16,86 +19,128 @@ import "time"
 
 const (
 	// answerWindowDefault is how long the answer to a request without a
-	// Message Expiry Interval is kept.
-	answerWindowDefault = time.Minute
+	// Message Expiry Interval is kept: a resumed session resends at once.
+	answerWindowDefault = 10 * time.Second
 	// answerWindowMax bounds how long an answer is kept, whatever the
 	// request's Message Expiry Interval.
 	answerWindowMax = 5 * time.Minute
-	// maxAnswers bounds the answers kept: beyond it, the oldest go first.
+	// maxAnswers bounds the answers kept; beyond it (once the expired ones
+	// are swept), new answers are not kept.
 	maxAnswers = 1 << 20
+	// sweepEvery is how many answers are kept between two sweeps of the
+	// expired ones.
+	sweepEvery = 4096
 )
 
-// answers keeps the answers to recent requests that changed the store, by
-// client id and correlation data. Guarded by Server.mu, as the store is: a
-// request is looked up and executed, and its answer kept, under one hold of
-// the lock, so that a repeat never runs beside the original.
+// answers keeps the answers to recent requests that changed the store.
+// Guarded by Server.mu, as the store is: a request is looked up and
+// executed, and its answer kept, under one hold of the lock, so that a
+// repeat never runs beside the original.
+//
+// A repeat is recognized by its client id and correlation data, hashed to
+// 128 bits with seeds of the process's own (a mistaken match is as likely
+// as guessing a random 128-bit number). An answer is kept under its
+// request's packet id too: a client reuses a packet id only once it has
+// the PUBACK of the PUBLISH that had it [MQTT-2.2.1-4], so that PUBLISH
+// will not be resent, and its answer goes. So a client keeps at most one
+// answer per packet id (65,535), however many requests it sends within
+// the window; about 150 bytes each.
 type answers struct {
-	byKey map[string]result
-	// order lists the kept answers in the order they were kept, with the
-	// time each may go; the list from head on is live.
-	order []answerAge
-	head  int
+	seeds  [2]maphash.Seed
+	bySlot map[answerSlot]keptAnswer
+	byKey  map[answerKey]answerSlot
+	kept   int // since the last sweep
 }
 
-type answerAge struct {
-	key   string
+// answerKey is the hash of a request's client id and correlation data.
+type answerKey [2]uint64
+
+// answerSlot is a request's client (its id's hash) and packet id.
+type answerSlot struct {
+	client uint64
+	id     uint16
+}
+
+type keptAnswer struct {
+	key   answerKey
+	res   result
 	until int64 // UnixNano
 }
 
-// answerKey is the key of a client's request with correlation data corr.
-// Client ids never contain a NUL (MQTT strings may not).
-func answerKey(clientID string, corr []byte) string {
-	return clientID + "\x00" + string(corr)
+func (a *answers) init() {
+	if a.seeds == [2]maphash.Seed{} {
+		a.seeds = [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}
+	}
+}
+
+// key returns the key of clientID's request with correlation data corr.
+func (a *answers) key(clientID string, corr []byte) answerKey {
+	a.init()
+	var k answerKey
+	var h maphash.Hash
+	for i, seed := range a.seeds {
+		h.SetSeed(seed)
+		h.WriteString(clientID)
+		h.WriteByte(0) // client ids never contain a NUL (MQTT strings may not)
+		h.Write(corr)
+		k[i] = h.Sum64()
+	}
+	return k
+}
+
+// slot returns the slot of clientID's request with packet id id.
+func (a *answers) slot(clientID string, id uint16) answerSlot {
+	a.init()
+	return answerSlot{client: maphash.String(a.seeds[0], clientID), id: id}
 }
 
 // lookup returns the answer kept for key, if any.
-func (a *answers) lookup(key string) (result, bool) {
-	r, ok := a.byKey[key]
-	return r, ok
+func (a *answers) lookup(key answerKey, now time.Time) (result, bool) {
+	slot, ok := a.byKey[key]
+	if !ok {
+		return result{}, false
+	}
+	e := a.bySlot[slot]
+	if e.key != key || e.until <= now.UnixNano() {
+		return result{}, false
+	}
+	return e.res, true
 }
 
-// keep keeps res as the answer to key until window has passed.
-func (a *answers) keep(key string, res result, window time.Duration, now time.Time) {
-	a.expire(now)
-	if a.byKey == nil {
-		a.byKey = make(map[string]result)
+// keep keeps res as the answer to the request key in slot until window
+// has passed. It replaces the answer to the client's earlier request with
+// the same packet id.
+func (a *answers) keep(key answerKey, slot answerSlot, res result, window time.Duration, now time.Time) {
+	if a.bySlot == nil {
+		a.bySlot, a.byKey = make(map[answerSlot]keptAnswer), make(map[answerKey]answerSlot)
 	}
-	if _, ok := a.byKey[key]; ok {
-		return // the first answer stands
-	}
-	if len(a.byKey) >= maxAnswers {
-		a.drop()
-	}
-	a.byKey[key] = res
-	a.order = append(a.order, answerAge{key: key, until: now.Add(window).UnixNano()})
-}
-
-// expire forgets the answers whose time has come, oldest first: an answer
-// kept longer behind one with a shorter window waits for it, which only
-// keeps that one longer.
-func (a *answers) expire(now time.Time) {
-	t := now.UnixNano()
-	for a.head < len(a.order) && a.order[a.head].until <= t {
-		a.drop()
-	}
-}
-
-// drop forgets the oldest answer kept.
-func (a *answers) drop() {
-	delete(a.byKey, a.order[a.head].key)
-	a.order[a.head] = answerAge{}
-	a.head++
-	switch {
-	case a.head == len(a.order):
-		a.order, a.head = a.order[:0], 0
-		if cap(a.order) > 4096 {
-			// Give back what a burst grew: the map never shrinks.
-			a.order, a.byKey = nil, nil
+	if a.kept++; a.kept >= sweepEvery || len(a.bySlot) >= maxAnswers {
+		a.sweep(now)
+		if len(a.bySlot) >= maxAnswers {
+			return
 		}
-	case a.head > len(a.order)/2 && a.head >= 1024:
-		n := copy(a.order, a.order[a.head:])
-		clear(a.order[n:])
-		a.order, a.head = a.order[:n], 0
+	}
+	if old, ok := a.bySlot[slot]; ok && a.byKey[old.key] == slot {
+		delete(a.byKey, old.key)
+	}
+	a.bySlot[slot] = keptAnswer{key: key, res: res, until: now.Add(window).UnixNano()}
+	a.byKey[key] = slot
+}
+
+// sweep forgets the answers whose time has come.
+func (a *answers) sweep(now time.Time) {
+	a.kept = 0
+	t := now.UnixNano()
+	for slot, e := range a.bySlot {
+		if e.until <= t {
+			delete(a.bySlot, slot)
+			if a.byKey[e.key] == slot {
+				delete(a.byKey, e.key)
+			}
+		}
+	}
+	if len(a.bySlot) == 0 {
+		a.bySlot, a.byKey = nil, nil // give back what a burst grew: maps never shrink
 	}
 }
 

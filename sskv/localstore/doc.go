@@ -28,9 +28,9 @@
 //     resends what it saw no PUBACK for, with the same correlation data) is
 //     answered as the first one was, and not executed twice, as the Azure
 //     IoT Operations request/response protocol asks of executors: for the
-//     request's Message Expiry Interval (a minute if it has none; at most
-//     five). GET and KEYNOTIFY are executed again: a watch belongs to a
-//     connection.
+//     request's Message Expiry Interval (ten seconds if it has none; at
+//     most five minutes). GET and KEYNOTIFY are executed again: a watch
+//     belongs to a connection.
 //
 // Requests the protocol forbids, or whose response could not be delivered,
 // are never executed: one without a response topic is dropped (and logged);

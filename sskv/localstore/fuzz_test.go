@@ -63,7 +63,7 @@ func FuzzServe(f *testing.F) {
 		}
 		srv.mu.Unlock()
 
-		res, _ := srv.serve(clientRef{id: "fuzz"}, "", payload, props, time.Time{}, nil, 0)
+		res, _ := srv.serve(clientRef{id: "fuzz"}, "", payload, props, time.Time{}, repeatable{})
 
 		r, err := resp.ParseReply(res.payload)
 		if err != nil {

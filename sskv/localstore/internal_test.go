@@ -49,7 +49,7 @@ func TestLazyExpiryOrder(t *testing.T) {
 			b[i] = []byte(a)
 		}
 		res, _ := srv.serve(clientRef{id: "watcher"}, "", resp.AppendCommand(nil, b...),
-			[]packets.UserProperty{{Key: "__ts", Val: clock.Now().String()}}, time.Time{}, nil, 0)
+			[]packets.UserProperty{{Key: "__ts", Val: clock.Now().String()}}, time.Time{}, repeatable{})
 		return res
 	}
 	do("KEYNOTIFY", "lease")

@@ -570,7 +570,8 @@ func (s *Server) handleRequest(cl *mqtt.Client, pk packets.Packet) error {
 	if expiry > 0 {
 		expires = received.Add(expiry)
 	}
-	res, ok := s.serve(clientRef{id: cl.ID, cl: cl}, string(cl.Properties.Username), pk.Payload, pk.Properties.User, expires, corr, expiry)
+	res, ok := s.serve(clientRef{id: cl.ID, cl: cl}, string(cl.Properties.Username), pk.Payload, pk.Properties.User, expires,
+		repeatable{corr: corr, id: clientPacketID(cl, pk.PacketID), expiry: expiry})
 	if !ok {
 		s.log.Warn("dropped state store request: its message expiry passed before it could be executed",
 			"client", cl.ID, "age", time.Since(received), "expiry", expiry)
@@ -593,12 +594,11 @@ func receivedAt(cl *mqtt.Client) time.Time {
 // request that is still waiting for the store's lock at expires (zero: it
 // never expires) is not executed: serve then returns false.
 //
-// A SET, DEL or VDEL with the correlation data corr (nil: none) of one of
-// the client's requests answered within its window (see answers) is a copy
-// of it that the client's resumed session sent again: it gets the answer
-// the first one got, and is not executed again. expiry is the request's
-// Message Expiry Interval (zero: none).
-func (s *Server) serve(cl clientRef, user string, payload []byte, props []packets.UserProperty, expires time.Time, corr []byte, expiry time.Duration) (result, bool) {
+// A SET, DEL or VDEL with the correlation data of one of the client's
+// requests answered within its window (see answers) is a copy of it that
+// the client's resumed session sent again: it gets the answer the first
+// one got, and is not executed again.
+func (s *Server) serve(cl clientRef, user string, payload []byte, props []packets.UserProperty, expires time.Time, rep repeatable) (result, bool) {
 	var argBuf [8][]byte
 	args, err := resp.ParseCommand(payload, argBuf[:0])
 	if err != nil {
@@ -618,19 +618,38 @@ func (s *Server) serve(cl clientRef, user string, payload []byte, props []packet
 	if !expires.IsZero() && time.Now().After(expires) {
 		return result{}, false
 	}
-	var key string
-	if len(corr) > 0 && changes(args[0]) {
-		key = answerKey(cl.id, corr)
-		if res, ok := s.answered.lookup(key); ok {
+	keep := len(rep.corr) > 0 && rep.id != 0 && changes(args[0])
+	var key answerKey
+	if keep {
+		key = s.answered.key(cl.id, rep.corr)
+		if res, ok := s.answered.lookup(key, time.Now()); ok {
 			s.log.Debug("answered a repeated request as the first time, without executing it again", "client", cl.id, "verb", string(args[0]))
 			return res, true
 		}
 	}
 	res := s.execute(cl, &req)
-	if key != "" {
-		s.answered.keep(key, res, answerWindow(expiry), time.Now())
+	if keep {
+		s.answered.keep(key, s.answered.slot(cl.id, rep.id), res, answerWindow(rep.expiry), time.Now())
 	}
 	return res, true
+}
+
+// repeatable is what tells a request's copy from another request: its
+// correlation data (nil: none), the packet id the client gave it (0: none
+// known), and its Message Expiry Interval (zero: none).
+type repeatable struct {
+	corr   []byte
+	id     uint16
+	expiry time.Duration
+}
+
+// clientPacketID returns the packet id that cl gave the PUBLISH the broker
+// handles under id (see renumberInbound).
+func clientPacketID(cl *mqtt.Client, id uint16) uint16 {
+	if dc, ok := cl.Net.Conn.(*deadlineConn); ok {
+		return dc.clientPacketID(id)
+	}
+	return id
 }
 
 // changes reports whether verb is one that may change the store.
