@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 
 	"github.com/dsslock/dsslock/hlc"
 	"github.com/dsslock/dsslock/sskv"
@@ -82,6 +83,12 @@ type store interface {
 // token returns the source's token and what to send the write through, or
 // an error wrapping ErrStale (or ErrNoToken).
 func (w *Writer) token(ctx context.Context, op, key string) (hlc.Timestamp, store, error) {
+	switch {
+	case w == nil || w.c == nil:
+		return hlc.Timestamp{}, nil, fmt.Errorf("fenced: %s %q: nil Writer or sskv.Client", op, key)
+	case isNil(w.src):
+		return hlc.Timestamp{}, nil, fmt.Errorf("fenced: %s %q: nil token source: %w", op, key, ErrNoToken)
+	}
 	var (
 		t   hlc.Timestamp
 		via store = w.c
@@ -183,6 +190,9 @@ func (w *Writer) VDel(ctx context.Context, key string, value []byte) (sskv.DelRe
 // instead of deleting it. Concurrent Edits of the same holder are not
 // ordered.
 func (w *Writer) Edit(ctx context.Context, key string, change func(value []byte, found bool) ([]byte, error)) (sskv.SetResult, error) {
+	if change == nil {
+		return sskv.SetResult{}, fmt.Errorf("fenced: edit %q: nil change function", key)
+	}
 	t, via, err := w.token(ctx, "edit", key)
 	if err != nil {
 		return sskv.SetResult{}, err
@@ -225,3 +235,13 @@ func (e *staleError) Error() string {
 }
 
 func (e *staleError) Unwrap() []error { return []error{ErrStale, e.cause} }
+
+// isNil reports whether src is nil, or a nil pointer (a *lock.Lock or
+// *leader.Term never set), whose methods would panic.
+func isNil(src TokenSource) bool {
+	if src == nil {
+		return true
+	}
+	v := reflect.ValueOf(src)
+	return v.Kind() == reflect.Pointer && v.IsNil()
+}

@@ -72,6 +72,9 @@ func NewElector(c *sskv.Client, election string, value []byte, opts ...Option) (
 //
 // Run may be called again after it returned, but not concurrently.
 func (e *Elector) Run(ctx context.Context, work func(ctx context.Context, t *Term) error) error {
+	if work == nil {
+		return &electionError{e.election, "run", fmt.Errorf("%w: nil work", ErrConfig)}
+	}
 	e.mu.Lock()
 	if e.runs {
 		e.mu.Unlock()

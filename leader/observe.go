@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -52,6 +53,9 @@ func stateOf(value []byte, version hlc.Timestamp) State {
 // key before the next leader's token replaces it, Leader returns that
 // ended term. Observe does not report it again.
 func Leader(ctx context.Context, c *sskv.Client, election string) (State, error) {
+	if c == nil {
+		return State{}, &electionError{election, "leader", fmt.Errorf("%w: nil sskv.Client", ErrConfig)}
+	}
 	res, err := c.Get(ctx, election)
 	if err != nil {
 		return State{}, &electionError{election, "leader", err}
@@ -80,6 +84,9 @@ const observeEnded = 4
 // closed when ctx ends or the client is closed. The error is that of the
 // first registration of the watch.
 func Observe(ctx context.Context, c *sskv.Client, election string, opts ...Option) (<-chan State, error) {
+	if c == nil {
+		return nil, &electionError{election, "observe", fmt.Errorf("%w: nil sskv.Client", ErrConfig)}
+	}
 	o := newOptions(opts)
 	log := o.logger
 	w, first, version, err := watchAndRead(ctx, c, election)

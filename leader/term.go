@@ -126,17 +126,25 @@ func (t *Term) Fenced(token hlc.Timestamp, err error) { t.l.Fenced(token, err) }
 // another candidate's record: if a newer term holds the key, the store
 // refuses the write, and this term ends as lost.
 //
-// An error wrapping ErrLost or ErrResigned means the term has ended. Any
-// other error means the outcome is unknown; the term then writes the new
-// value with its next renewal.
+// An error wrapping ErrLost or ErrResigned means the term has ended. An
+// error wrapping sskv.ErrTooLarge means the value does not fit in a
+// request the broker takes: nothing was sent, and the term goes on with
+// its earlier value. Any other error means the outcome is unknown; the
+// term then writes the new value with its next renewal.
 func (t *Term) Proclaim(ctx context.Context, value []byte) error {
 	err := t.l.Err()
 	if err == nil {
 		// Even if the outcome is unknown, the next renewal writes value.
 		t.mu.Lock()
+		prev := t.value
 		t.value = bytes.Clone(value)
 		t.mu.Unlock()
 		err = t.l.SetValue(ctx, value)
+		if errors.Is(err, sskv.ErrTooLarge) {
+			t.mu.Lock()
+			t.value = prev
+			t.mu.Unlock()
+		}
 	}
 	if err != nil {
 		return &electionError{t.election, "proclaim", err}

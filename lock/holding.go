@@ -273,7 +273,9 @@ var errEnded = errors.New("lock: holding ended")
 // It reports when the write was sent (zero if it was not). It returns nil
 // when the lease was renewed, errEnded when the holding ended (now or
 // before), and otherwise the request's error: the outcome is unknown, and
-// the next write, of the same rec, settles it.
+// the next write, of the same rec, settles it. The exception is a new rec
+// too large for the broker (sskv.ErrTooLarge): not sent, and the holding
+// keeps its earlier rec.
 func (h *holding) write(ctx context.Context, rec []byte) (time.Time, error) {
 	l := h.l
 	h.writeMu.Lock()
@@ -283,7 +285,9 @@ func (h *holding) write(ctx context.Context, rec []byte) (time.Time, error) {
 		h.mu.Unlock()
 		return time.Time{}, errEnded
 	}
-	if rec != nil {
+	newRec := rec != nil
+	prevRec, prevRewrite := h.rec, h.rewrite
+	if newRec {
 		h.rec, h.rewrite = rec, true
 	}
 	rec, rewrite, expires := h.rec, h.rewrite, h.expires
@@ -329,6 +333,13 @@ func (h *holding) write(ctx context.Context, rec []byte) (time.Time, error) {
 	case errors.Is(err, sskv.ErrFencingTokenLower):
 		h.lose(fmt.Errorf("%w (a newer token fences the key)", ErrHeldByOther))
 		return sent, errEnded
+	case newRec && errors.Is(err, sskv.ErrTooLarge):
+		// A new record too large for the broker was not sent, and never
+		// would be: the renewals go on with the one the key has.
+		h.mu.Lock()
+		h.rec, h.rewrite = prevRec, prevRewrite
+		h.mu.Unlock()
+		return time.Time{}, err
 	}
 	if h.ctx.Err() != nil { // ended while writing
 		return sent, errEnded

@@ -441,8 +441,11 @@ func (l *Lock) Fenced(token hlc.Timestamp, err error) {
 // refuses the write and the holding ends as lost (ErrHeldByOther).
 //
 // It returns an error wrapping ErrNotHeld (or why the holding ended) if the
-// Lock does not hold the lock. Any other error means the outcome is
-// unknown; the Lock then writes the new value with its next renewal.
+// Lock does not hold the lock. An error wrapping sskv.ErrTooLarge means
+// the value does not fit in a request the broker takes: nothing was sent,
+// and the Lock goes on with its earlier value. Any other error means the
+// outcome is unknown; the Lock then writes the new value with its next
+// renewal.
 func (l *Lock) SetValue(ctx context.Context, value []byte) error {
 	if !l.cfg.FenceKey {
 		return l.wrap("set value", configErr("SetValue needs Config.FenceKey"))
@@ -457,9 +460,16 @@ func (l *Lock) SetValue(ctx context.Context, value []byte) error {
 	}
 	value = bytes.Clone(value)
 	l.mu.Lock()
+	prev := l.val
 	l.val = value
 	l.mu.Unlock()
 	if _, err := h.write(ctx, l.record(h.token, value)); err != nil {
+		if errors.Is(err, sskv.ErrTooLarge) {
+			// Not sent, and write kept the record it had: so does the Lock.
+			l.mu.Lock()
+			l.val = prev
+			l.mu.Unlock()
+		}
 		return l.wrap("set value", err)
 	}
 	return nil
@@ -689,10 +699,15 @@ func (l *Lock) value() []byte {
 // (a *sskv.ServiceError): the request was not applied, and the same request
 // would be refused again, e.g. sskv.ErrTimestampSkew when this client's
 // clock is more than a minute ahead of the store's, or sskv.ErrNotAuthorized.
+// So is the client's refusal to send a request too large for the broker
+// (sskv.ErrTooLarge: a Value too large) or a watch of a key too long.
 //
 // A refusal because of a fencing token (another holder's key) is not one:
 // that holder can go, and a waiter waits for it.
 func refused(err error) bool {
+	if errors.Is(err, sskv.ErrTooLarge) || errors.Is(err, sskv.ErrKeyTooLong) {
+		return true // refused by the client: not sent, and never would be
+	}
 	var se *sskv.ServiceError
 	return errors.As(err, &se) && !errors.Is(err, sskv.ErrFencingTokenLower) && !errors.Is(err, sskv.ErrFencingTokenRequired)
 }
