@@ -1,6 +1,7 @@
 package localstore
 
 import (
+	"encoding/binary"
 	"hash/maphash"
 	"time"
 )
@@ -18,15 +19,19 @@ import (
 // the watch there.
 
 const (
-	// answerWindowDefault is how long the answer to a request without a
-	// Message Expiry Interval is kept: a resumed session resends at once.
-	answerWindowDefault = 10 * time.Second
+	// answerWindowMin is how long an answer is kept at least, whatever the
+	// request's Message Expiry Interval: a client resends its copy with the
+	// interval it first gave, and the store counts it from when it reads
+	// the copy, so a session resumed after the interval would have the copy
+	// executed. A busy client keeps no more for it: its answers also go
+	// when it reuses their packet ids.
+	answerWindowMin = time.Minute
 	// answerWindowMax bounds how long an answer is kept, whatever the
 	// request's Message Expiry Interval.
 	answerWindowMax = 5 * time.Minute
-	// maxAnswers bounds the answers kept; beyond it (once the expired ones
-	// are swept), new answers are not kept.
-	maxAnswers = 1 << 20
+	// maxAnswers bounds the answers kept (about 300 bytes each); beyond it,
+	// new answers are not kept until a sweep makes room.
+	maxAnswers = 1 << 18
 	// sweepEvery is how many answers are kept between two sweeps of the
 	// expired ones.
 	sweepEvery = 4096
@@ -37,14 +42,17 @@ const (
 // executed, and its answer kept, under one hold of the lock, so that a
 // repeat never runs beside the original.
 //
-// A repeat is recognized by its client id and correlation data, hashed to
-// 128 bits with seeds of the process's own (a mistaken match is as likely
-// as guessing a random 128-bit number). An answer is kept under its
+// A repeat is recognized by its client id, correlation data, payload and
+// timestamp (__ts), hashed to 128 bits with seeds of the process's own: a
+// copy is the same PUBLISH, and a client that reuses correlation data for
+// another request (the protocol does not forbid it), or a new session of
+// the same client id, sends another payload or timestamp. A mistaken match
+// is as likely as guessing a random 128-bit number. An answer is kept under its
 // request's packet id too: a client reuses a packet id only once it has
 // the PUBACK of the PUBLISH that had it [MQTT-2.2.1-4], so that PUBLISH
 // will not be resent, and its answer goes. So a client keeps at most one
 // answer per packet id (65,535), however many requests it sends within
-// the window; about 150 bytes each.
+// the window.
 type answers struct {
 	seeds  [2]maphash.Seed
 	bySlot map[answerSlot]keptAnswer
@@ -73,16 +81,22 @@ func (a *answers) init() {
 	}
 }
 
-// key returns the key of clientID's request with correlation data corr.
-func (a *answers) key(clientID string, corr []byte) answerKey {
+// key returns the key of clientID's request with correlation data corr,
+// payload and timestamp ts ("" if none).
+func (a *answers) key(clientID string, corr, payload []byte, ts string) answerKey {
 	a.init()
 	var k answerKey
 	var h maphash.Hash
+	var n [8]byte
 	for i, seed := range a.seeds {
 		h.SetSeed(seed)
-		h.WriteString(clientID)
-		h.WriteByte(0) // client ids never contain a NUL (MQTT strings may not)
-		h.Write(corr)
+		// Each part after its length, so that no two requests' parts run
+		// together into the same bytes.
+		for _, part := range [][]byte{[]byte(clientID), corr, payload, []byte(ts)} {
+			binary.LittleEndian.PutUint64(n[:], uint64(len(part)))
+			h.Write(n[:])
+			h.Write(part)
+		}
 		k[i] = h.Sum64()
 	}
 	return k
@@ -114,11 +128,11 @@ func (a *answers) keep(key answerKey, slot answerSlot, res result, window time.D
 	if a.bySlot == nil {
 		a.bySlot, a.byKey = make(map[answerSlot]keptAnswer), make(map[answerKey]answerSlot)
 	}
-	if a.kept++; a.kept >= sweepEvery || len(a.bySlot) >= maxAnswers {
+	if a.kept++; a.kept >= sweepEvery {
 		a.sweep(now)
-		if len(a.bySlot) >= maxAnswers {
-			return
-		}
+	}
+	if len(a.bySlot) >= maxAnswers {
+		return // full until a sweep makes room: one sweep per sweepEvery requests, not per request
 	}
 	if old, ok := a.bySlot[slot]; ok && a.byKey[old.key] == slot {
 		delete(a.byKey, old.key)
@@ -148,8 +162,5 @@ func (a *answers) sweep(now time.Time) {
 // Message Expiry Interval (zero: none) is kept: as long as a copy of it
 // may still be delivered.
 func answerWindow(expiry time.Duration) time.Duration {
-	if expiry <= 0 {
-		return answerWindowDefault
-	}
-	return min(expiry, answerWindowMax)
+	return min(max(expiry, answerWindowMin), answerWindowMax)
 }

@@ -13,9 +13,17 @@ import (
 func TestAnswersKept(t *testing.T) {
 	var a answers
 	t0 := time.Unix(1000, 0)
-	x, y := a.key("c", []byte("x")), a.key("c", []byte("y"))
-	if x == y || x == a.key("cx", nil) || x == a.key("d", []byte("x")) || x != a.key("c", []byte("x")) {
-		t.Fatal("keys of different requests match, or of one request differ")
+	k := func(client, corr, payload, ts string) answerKey {
+		return a.key(client, []byte(corr), []byte(payload), ts)
+	}
+	x, y := k("c", "x", "SET", "1"), k("c", "y", "SET", "1")
+	for _, other := range []answerKey{y, k("cx", "", "SET", "1"), k("d", "x", "SET", "1"), k("c", "x", "DEL", "1"), k("c", "x", "SET", "2"), k("c", "xS", "ET", "1")} {
+		if other == x {
+			t.Fatal("keys of different requests match")
+		}
+	}
+	if x != k("c", "x", "SET", "1") {
+		t.Fatal("keys of one request differ")
 	}
 	s1, s2 := a.slot("c", 1), a.slot("c", 2)
 	if s1 == s2 || s1 == a.slot("d", 1) {
@@ -34,7 +42,7 @@ func TestAnswersKept(t *testing.T) {
 	found(x, t0.Add(time.Second), "none")
 	found(y, t0.Add(2*time.Second), "2")
 
-	z := a.key("c", []byte("z"))
+	z := k("c", "z", "SET", "1")
 	a.keep(z, s2, result{payload: []byte("3")}, 3*time.Second, t0.Add(time.Second))
 	found(y, t0.Add(time.Second), "none")
 	found(z, t0.Add(time.Second), "3")
@@ -44,14 +52,14 @@ func TestAnswersKept(t *testing.T) {
 		t.Fatalf("after every window: %d and %d kept", len(a.bySlot), len(a.byKey))
 	}
 	for i := range 5000 {
-		a.keep(a.key("c", []byte{byte(i), byte(i >> 8)}), a.slot("c", uint16(i+1)), result{}, time.Second, t0)
+		a.keep(k("c", string([]byte{byte(i), byte(i >> 8)}), "", ""), a.slot("c", uint16(i+1)), result{}, time.Second, t0)
 	}
 	if n := len(a.bySlot); n != 5000 {
 		t.Fatalf("%d kept; want 5000", n)
 	}
 	// Keeping goes on after those expired: a sweep comes within sweepEvery.
 	for i := range sweepEvery {
-		a.keep(a.key("d", []byte{byte(i), byte(i >> 8)}), a.slot("d", uint16(i+1)), result{}, time.Second, t0.Add(2*time.Second))
+		a.keep(k("d", string([]byte{byte(i), byte(i >> 8)}), "", ""), a.slot("d", uint16(i+1)), result{}, time.Second, t0.Add(2*time.Second))
 	}
 	if n := len(a.bySlot); n > sweepEvery {
 		t.Fatalf("%d kept; want the expired ones swept", n)
@@ -60,7 +68,7 @@ func TestAnswersKept(t *testing.T) {
 
 func TestAnswerWindow(t *testing.T) {
 	for _, c := range []struct{ expiry, want time.Duration }{
-		{0, answerWindowDefault}, {7 * time.Second, 7 * time.Second}, {time.Hour, answerWindowMax},
+		{0, answerWindowMin}, {7 * time.Second, answerWindowMin}, {2 * time.Minute, 2 * time.Minute}, {time.Hour, answerWindowMax},
 	} {
 		if got := answerWindow(c.expiry); got != c.want {
 			t.Errorf("answerWindow(%v) = %v; want %v", c.expiry, got, c.want)

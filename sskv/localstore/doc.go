@@ -25,11 +25,13 @@
 //     bytes: the topic carries the client id and the key in hex) is refused
 //     with the quota error.
 //   - A SET, DEL or VDEL that a client sends again (its resumed session
-//     resends what it saw no PUBACK for, with the same correlation data) is
-//     answered as the first one was, and not executed twice, as the Azure
-//     IoT Operations request/response protocol asks of executors: for the
-//     request's Message Expiry Interval (ten seconds if it has none; at
-//     most five minutes). GET and KEYNOTIFY are executed again: a watch
+//     resends what it saw no PUBACK for: the same correlation data, payload
+//     and __ts) is answered as the first one was, and not executed twice,
+//     as the Azure IoT Operations request/response protocol asks of
+//     executors: for the request's Message Expiry Interval, but at least a
+//     minute and at most five, and until the client reuses the request's
+//     packet id (it has the PUBACK then). A copy that comes later than that
+//     is executed again. GET and KEYNOTIFY are executed again: a watch
 //     belongs to a connection.
 //
 // Requests the protocol forbids, or whose response could not be delivered,

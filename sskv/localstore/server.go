@@ -594,10 +594,10 @@ func receivedAt(cl *mqtt.Client) time.Time {
 // request that is still waiting for the store's lock at expires (zero: it
 // never expires) is not executed: serve then returns false.
 //
-// A SET, DEL or VDEL with the correlation data of one of the client's
-// requests answered within its window (see answers) is a copy of it that
-// the client's resumed session sent again: it gets the answer the first
-// one got, and is not executed again.
+// A SET, DEL or VDEL with the correlation data, payload and timestamp of
+// one of the client's requests answered within its window (see answers)
+// is a copy of it that the client's resumed session sent again: it gets
+// the answer the first one got, and is not executed again.
 func (s *Server) serve(cl clientRef, user string, payload []byte, props []packets.UserProperty, expires time.Time, rep repeatable) (result, bool) {
 	var argBuf [8][]byte
 	args, err := resp.ParseCommand(payload, argBuf[:0])
@@ -621,7 +621,7 @@ func (s *Server) serve(cl clientRef, user string, payload []byte, props []packet
 	keep := len(rep.corr) > 0 && rep.id != 0 && changes(args[0])
 	var key answerKey
 	if keep {
-		key = s.answered.key(cl.id, rep.corr)
+		key = s.answered.key(cl.id, rep.corr, payload, req.ts)
 		if res, ok := s.answered.lookup(key, time.Now()); ok {
 			s.log.Debug("answered a repeated request as the first time, without executing it again", "client", cl.id, "verb", string(args[0]))
 			return res, true
