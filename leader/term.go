@@ -67,8 +67,9 @@ type Term struct {
 	token    hlc.Timestamp
 	ended    atomic.Value // time.Time: when the term ended
 
-	mu    sync.Mutex
-	value []byte
+	mu        sync.Mutex
+	value     []byte
+	proclaims int // Proclaims begun: a refused one restores value unless another followed
 }
 
 // Election returns the name of the election.
@@ -138,11 +139,15 @@ func (t *Term) Proclaim(ctx context.Context, value []byte) error {
 		t.mu.Lock()
 		prev := t.value
 		t.value = bytes.Clone(value)
+		t.proclaims++
+		gen := t.proclaims
 		t.mu.Unlock()
 		err = t.l.SetValue(ctx, value)
 		if errors.Is(err, sskv.ErrTooLarge) {
 			t.mu.Lock()
-			t.value = prev
+			if t.proclaims == gen { // unless a later Proclaim set its own
+				t.value = prev
+			}
 			t.mu.Unlock()
 		}
 	}

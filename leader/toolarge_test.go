@@ -8,6 +8,7 @@ import (
 
 	"github.com/dsslock/dsslock/leader"
 	"github.com/dsslock/dsslock/sskv"
+	"github.com/dsslock/dsslock/sskv/localstore"
 )
 
 // A value too large for the broker (the local store takes 4 MiB packets)
@@ -60,5 +61,32 @@ func TestValueTooLarge(t *testing.T) {
 	}
 	if err := term.Proclaim(ctx, []byte("small again")); err != nil {
 		t.Fatalf("Proclaim after: %v", err)
+	}
+}
+
+// A Proclaim refused as too large gives Term.Value back its earlier value,
+// but not over a later Proclaim's (found by an adversarial review: Value
+// then differed from what the store had). Both Proclaims queue behind a
+// renewal whose answer is held back. The sleeps only order the two calls;
+// in the other order the check holds as well.
+func TestProclaimTooLargeBesideAnother(t *testing.T) {
+	srv := startStore(t)
+	c := dial(t, srv.Addr())
+	term := campaign(t, c, "v0", leader.WithTTL(6*time.Second), leader.WithRenewInterval(200*time.Millisecond))
+	n0 := srv.Requests(c.ID())
+	if err := srv.Hold(c.ID(), localstore.FromStore); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a renewal sent into the hold", func() bool { return srv.Requests(c.ID()) > n0 })
+	errs := make(chan error, 2)
+	go func() { errs <- term.Proclaim(context.Background(), make([]byte, 5<<20)) }()
+	time.Sleep(100 * time.Millisecond)
+	go func() { errs <- term.Proclaim(context.Background(), []byte("v1")) }()
+	time.Sleep(100 * time.Millisecond)
+	srv.Release(c.ID())
+	<-errs
+	<-errs
+	if s := currentLeader(t, c); string(s.Value) != string(term.Value()) {
+		t.Fatalf("the store has %q; Term.Value = %q", s.Value, term.Value())
 	}
 }
