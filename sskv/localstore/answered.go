@@ -58,6 +58,14 @@ type answers struct {
 	bySlot map[answerSlot]keptAnswer
 	byKey  map[answerKey]answerSlot
 	kept   int // since the last sweep
+	limit  int // maxAnswers unless set (tests)
+}
+
+func (a *answers) max() int {
+	if a.limit > 0 {
+		return a.limit
+	}
+	return maxAnswers
 }
 
 // answerKey is the hash of a request's client id and correlation data.
@@ -125,13 +133,13 @@ func (a *answers) lookup(key answerKey, now time.Time) (result, bool) {
 // has passed. It replaces the answer to the client's earlier request with
 // the same packet id.
 func (a *answers) keep(key answerKey, slot answerSlot, res result, window time.Duration, now time.Time) {
+	if a.kept++; a.kept >= sweepEvery {
+		a.sweep(now) // it drops the maps if it empties them
+	}
 	if a.bySlot == nil {
 		a.bySlot, a.byKey = make(map[answerSlot]keptAnswer), make(map[answerKey]answerSlot)
 	}
-	if a.kept++; a.kept >= sweepEvery {
-		a.sweep(now)
-	}
-	if len(a.bySlot) >= maxAnswers {
+	if len(a.bySlot) >= a.max() {
 		return // full until a sweep makes room: one sweep per sweepEvery requests, not per request
 	}
 	if old, ok := a.bySlot[slot]; ok && a.byKey[old.key] == slot {

@@ -66,6 +66,38 @@ func TestAnswersKept(t *testing.T) {
 	}
 }
 
+// A full cache keeps no more answers until a sweep makes room, and sweeps
+// no more often than when it is not full (it once swept on every request,
+// under the store's lock). A sweep that empties it is followed by a keep
+// (that once wrote to the maps the sweep had dropped: a panic).
+func TestAnswersFull(t *testing.T) {
+	a := answers{limit: 100}
+	t0 := time.Unix(1000, 0)
+	keep := func(i int, at time.Time) answerKey {
+		k := a.key("c", []byte{byte(i), byte(i >> 8)}, nil, "")
+		a.keep(k, a.slot("c", uint16(i+1)), result{payload: []byte("1")}, time.Second, at)
+		return k
+	}
+	for i := range 100 {
+		keep(i, t0)
+	}
+	sweeps := 0
+	for i := 100; i < 100+sweepEvery-100-1; i++ {
+		if k := keep(i, t0.Add(2*time.Second)); a.kept == 0 {
+			sweeps++
+		} else if _, ok := a.lookup(k, t0.Add(2*time.Second)); ok {
+			t.Fatalf("answer %d kept in a full cache", i)
+		}
+	}
+	if sweeps != 0 || len(a.bySlot) != 100 {
+		t.Fatalf("%d sweeps, %d kept before sweepEvery requests; want none, and the 100", sweeps, len(a.bySlot))
+	}
+	k := keep(sweepEvery, t0.Add(2*time.Second)) // the sweep is due: the expired 100 go
+	if _, ok := a.lookup(k, t0.Add(2*time.Second)); !ok || len(a.bySlot) != 1 {
+		t.Fatalf("after the sweep: %d kept, the new answer found %v; want it alone", len(a.bySlot), ok)
+	}
+}
+
 func TestAnswerWindow(t *testing.T) {
 	for _, c := range []struct{ expiry, want time.Duration }{
 		{0, answerWindowMin}, {7 * time.Second, answerWindowMin}, {2 * time.Minute, 2 * time.Minute}, {time.Hour, answerWindowMax},
