@@ -46,13 +46,14 @@ const (
 // timestamp (__ts), hashed to 128 bits with seeds of the process's own: a
 // copy is the same PUBLISH, and a client that reuses correlation data for
 // another request (the protocol does not forbid it), or a new session of
-// the same client id, sends another payload or timestamp. A mistaken match
-// is as likely as guessing a random 128-bit number. An answer is kept under its
-// request's packet id too: a client reuses a packet id only once it has
-// the PUBACK of the PUBLISH that had it [MQTT-2.2.1-4], so that PUBLISH
-// will not be resent, and its answer goes. So a client keeps at most one
-// answer per packet id (65,535), however many requests it sends within
-// the window.
+// the same client id, sends another payload or timestamp. A mistaken
+// match is as likely as guessing a random 128-bit number.
+//
+// An answer is kept under its request's packet id too: a client reuses a
+// packet id only once it has the PUBACK of the PUBLISH that had it
+// [MQTT-2.2.1-4], so that PUBLISH will not be resent, and its answer goes.
+// So a client keeps at most one answer per packet id (65,535), however many
+// requests it sends within the window.
 type answers struct {
 	seeds  [2]maphash.Seed
 	bySlot map[answerSlot]keptAnswer
@@ -68,7 +69,8 @@ func (a *answers) max() int {
 	return maxAnswers
 }
 
-// answerKey is the hash of a request's client id and correlation data.
+// answerKey is the hash of a request's client id, correlation data,
+// payload and timestamp.
 type answerKey [2]uint64
 
 // answerSlot is a request's client (its id's hash) and packet id.
