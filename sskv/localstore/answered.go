@@ -38,9 +38,10 @@ const (
 )
 
 // answers keeps the answers to recent requests that changed the store.
-// Guarded by Server.mu, as the store is: a request is looked up and
-// executed, and its answer kept, under one hold of the lock, so that a
-// repeat never runs beside the original.
+// Guarded by Server.mu, as the store is (key and slot only read the seeds,
+// and are called before it): a request is looked up and executed, and its
+// answer kept, under one hold of the lock, so that a repeat never runs
+// beside the original.
 //
 // A repeat is recognized by its client id, correlation data, payload and
 // timestamp (__ts), hashed to 128 bits with seeds of the process's own: a
@@ -85,6 +86,8 @@ type keptAnswer struct {
 	until int64 // UnixNano
 }
 
+// init makes the seeds, unless made. The store calls it before serving,
+// so that key and slot, called outside its lock, only read them.
 func (a *answers) init() {
 	if a.seeds == [2]maphash.Seed{} {
 		a.seeds = [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}

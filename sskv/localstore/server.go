@@ -275,6 +275,7 @@ func Start(cfg Config) (*Server, error) {
 		stop:     make(chan struct{}),
 		loopDone: make(chan struct{}),
 	}
+	s.answered.init() // before any request: key and slot then only read the seeds
 	clock, err := hlc.NewClock(cfg.NodeID, hlc.WithMaxDrift(cfg.MaxDrift), hlc.WithWallClock(s.wallClock))
 	if err != nil {
 		return nil, fmt.Errorf("localstore: node id: %w", err)
@@ -613,15 +614,22 @@ func (s *Server) serve(cl clientRef, user string, payload []byte, props []packet
 			req.ft, req.hasFT = p.Val, true
 		}
 	}
+	// The hashes of a request that may be repeated are taken before the
+	// store's lock: its payload may be megabytes.
+	keep := len(rep.corr) > 0 && rep.id != 0 && changes(args[0])
+	var (
+		key  answerKey
+		slot answerSlot
+	)
+	if keep {
+		key, slot = s.answered.key(cl.id, rep.corr, payload, req.ts), s.answered.slot(cl.id, rep.id)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !expires.IsZero() && time.Now().After(expires) {
 		return result{}, false
 	}
-	keep := len(rep.corr) > 0 && rep.id != 0 && changes(args[0])
-	var key answerKey
 	if keep {
-		key = s.answered.key(cl.id, rep.corr, payload, req.ts)
 		if res, ok := s.answered.lookup(key, time.Now()); ok {
 			s.log.Debug("answered a repeated request as the first time, without executing it again", "client", cl.id, "verb", string(args[0]))
 			return res, true
@@ -629,7 +637,7 @@ func (s *Server) serve(cl clientRef, user string, payload []byte, props []packet
 	}
 	res := s.execute(cl, &req)
 	if keep {
-		s.answered.keep(key, s.answered.slot(cl.id, rep.id), res, answerWindow(rep.expiry), time.Now())
+		s.answered.keep(key, slot, res, answerWindow(rep.expiry), time.Now())
 	}
 	return res, true
 }
