@@ -7,6 +7,7 @@ import (
 	"math"
 	"strings"
 	"time"
+	"unique"
 )
 
 var (
@@ -106,7 +107,16 @@ func parse[S string | []byte](s S) (Timestamp, error) {
 	if reason := checkNode(node); reason != "" {
 		return Timestamp{}, malformed(reason, s)
 	}
-	return Timestamp{Wall: wall, Counter: uint32(counter), Node: string(node)}, nil
+	return Timestamp{Wall: wall, Counter: uint32(counter), Node: intern(node)}, nil
+}
+
+// intern returns node as a string shared by every timestamp parsed with
+// the same node id. A state store hands out timestamps of one node, or a
+// few; a node id cut from s would keep all of s alive for as long as the
+// timestamp lives (a client keeps the versions and tokens of every key it
+// holds or watches), and a copy per timestamp would cost as much.
+func intern[S string | []byte](node S) string {
+	return unique.Make(string(node)).Value()
 }
 
 func indexColon[S string | []byte](s S, from int) int {
