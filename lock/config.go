@@ -72,10 +72,6 @@ type Config struct {
 	// of a lock must use the same FenceKey setting. Package leader sets it.
 	FenceKey bool
 
-	// Value is published with the holding when FenceKey is set (an address,
-	// say); it may be empty. Setting it without FenceKey is an error.
-	Value []byte
-
 	// Race makes Lock's waiters race for the lock each time it is released,
 	// as the SDK's waiters do, instead of queueing: a waiter then watches
 	// only the lock's key, and the winner of each release is whoever's SET
@@ -84,6 +80,10 @@ type Config struct {
 	// waiters queue in the order they came (see Lock.Lock), at the cost of
 	// a second key, Name + "\x00queue", that every waiter watches.
 	Race bool
+
+	// Value is published with the holding when FenceKey is set (an address,
+	// say); it may be empty. Setting it without FenceKey is an error.
+	Value []byte
 
 	// OnRenewal, if set, is called after every renewal the Lock sends (not
 	// the acquisition) with how long it took and its error, if any: a hook for

@@ -157,8 +157,10 @@ func TestFenceKeyFrozenHolder(t *testing.T) {
 }
 
 // The guard of a holding that came from a wait goes on with the waiter's
-// watch (handed off to a callback): a deletion by hand, or a takeover,
-// ends the holding as lost at once, with no goroutine of its own.
+// watch (handed off to the guard): a deletion by hand, or a takeover,
+// ends the holding as lost at once, with no goroutine of its own. The TTL
+// is long enough that no renewal goes out before waitTimeout: only the
+// guard can notice.
 func TestFenceKeyGuardAfterWait(t *testing.T) {
 	srv := startStore(t)
 	admin := dial(t, srv.Addr())
@@ -180,7 +182,7 @@ func TestFenceKeyGuardAfterWait(t *testing.T) {
 		for _, race := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/race=%v", tc.name, race), func(t *testing.T) {
 				key := fmt.Sprintf("l-%s-%v", tc.name, race)
-				cfg := lock.Config{Name: key, FenceKey: true, TTL: time.Second, Race: race}
+				cfg := lock.Config{Name: key, FenceKey: true, TTL: 3 * waitTimeout, Race: race}
 				holder := newLock(t, dial(t, srv.Addr()), cfg)
 				wc := dial(t, srv.Addr())
 				waiter := newLock(t, wc, cfg)

@@ -432,7 +432,13 @@ func (h *holding) confirm(ctx context.Context) (*sskv.Conn, error) {
 func (h *holding) guard(ww waitWatch) {
 	l := h.l
 	if ww.w != nil {
-		if !ww.w.Handoff(h.judge, h.guardEnded) {
+		var handedOff bool
+		if ww.box != nil { // a racing waiter's callback watch
+			handedOff = ww.box.handoff(h)
+		} else {
+			handedOff = ww.w.Handoff(h.judge, h.guardEnded)
+		}
+		if !handedOff {
 			// The waiter's watch has ended: the renewals alone guard the key.
 			ww.end()
 			h.guards.Done()

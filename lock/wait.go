@@ -64,6 +64,8 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 		// renews needs only its watch and the recheck timer.
 		retry, race *backoff.ExponentialBackOff
 		delay, hold *time.Timer
+		// The watch's events and the timers wake the waiter through box.
+		box = newWaitBox()
 	)
 	// On return the watch ends at once (the client unregisters it in the
 	// background, so Lock does not wait for that round trip), unless the
@@ -78,7 +80,7 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 		stopTimer(delay)
 		stopTimer(hold)
 	}()
-	recheck := time.NewTimer(l.recheckAfter())
+	recheck := box.arm(nil, recheckTimer, l.recheckAfter())
 	defer recheck.Stop()
 
 	retryLater := func() {
@@ -86,7 +88,7 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 			retry = newBackoff(max(l.cfg.TTL/100, time.Millisecond), max(l.cfg.TTL/4, time.Millisecond))
 		}
 		delayed = false
-		delay = resetTimer(delay, retry.NextBackOff())
+		delay = box.arm(delay, delayTimer, retry.NextBackOff())
 	}
 	check := true
 	for {
@@ -102,7 +104,7 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 			if d := time.Until(holdUntil); d > 0 {
 				// No attempt until then; the watch is set up meanwhile.
 				l.log.Debug("the key may still be held by a holder that lost it unseen; waiting", "for", d)
-				hold = resetTimer(hold, d)
+				hold = box.arm(hold, holdTimer, d)
 			} else {
 				var ok bool
 				ok, err = l.attempt(ctx, cn)
@@ -135,40 +137,34 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 			if err == nil && w == nil {
 				// Watch the key, then check again: it may have been deleted
 				// before the watch was registered.
-				if w, err = l.watchKey(ctx); err != nil {
+				if w, err = l.watchKey(ctx, box); err != nil {
 					if ctx.Err() != nil || errors.Is(err, sskv.ErrClosed) || refused(err) {
 						return unknown, err
 					}
 					l.log.Debug("watch failed; retrying", "error", err)
 					retryLater()
 				} else {
-					l.watch = waitWatch{w: w}
+					l.watch = waitWatch{w: w, box: box}
 					check = true
 					continue
 				}
 			}
 		}
 
-		var events <-chan sskv.Event
-		if w != nil {
-			events = w.Events()
-		}
 		select {
 		case <-ctx.Done():
 			return unknown, ctx.Err()
-		case ev, ok := <-events:
-			switch {
-			case !ok:
-				// The watch ended (the service refused to register it again
-				// after a reconnect): check, then watch again.
-				if ctx.Err() != nil {
-					return unknown, ctx.Err()
-				}
-				l.log.Debug("watch ended; watching again", "error", w.Err())
-				l.watch.end()
-				w, l.watch = nil, waitWatch{}
-				check = true
-			case ev.Op == sskv.OpDelete || ev.Resync:
+		case <-box.wake:
+		}
+		evs, ended, fired := box.take()
+		if fired&delayTimer != 0 {
+			check, woken = true, delayed
+		}
+		if fired&(recheckTimer|holdTimer) != 0 {
+			check = true
+		}
+		for _, ev := range evs {
+			if ev.Op == sskv.OpDelete || ev.Resync {
 				// Released or expired (or changed while notifications were
 				// lost): try at once, or after a short random delay if this
 				// waiter lost the last race. A key found missing after the
@@ -183,7 +179,7 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 						race = newBackoff(time.Millisecond, min(l.cfg.TTL/10, 100*time.Millisecond))
 					}
 					delayed = true
-					delay = resetTimer(delay, race.NextBackOff())
+					delay = box.arm(delay, delayTimer, race.NextBackOff())
 				} else {
 					check, woken = true, true
 				}
@@ -191,28 +187,34 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 			if ev.Op == sskv.OpSet {
 				seenHeld = true // the holder renewing, or a new holder: keep sleeping
 			}
-		case <-timerC(delay):
-			check, woken = true, delayed
-		case <-recheck.C:
-			check = true
-		case <-timerC(hold):
+		}
+		if ended && w != nil {
+			// The watch ended (the service refused to register it again
+			// after a reconnect): check, then watch again.
+			if ctx.Err() != nil {
+				return unknown, ctx.Err()
+			}
+			l.log.Debug("watch ended; watching again", "error", w.Err())
+			l.watch.end()
+			w, l.watch = nil, waitWatch{}
 			check = true
 		}
 	}
 }
 
-// watchKey starts a waiter's watch of the key, and returns it; waitWatch.end
-// ends it (at once: the client unregisters it in the background). ctx
-// bounds only the registration (sskv.WatchDetached): the wait ends the
-// watch when it returns, unless a FenceKey holding takes it over (see
-// holding.guard), and then it lasts as long as the holding. So a sleeping
-// waiter's watch costs no context of its own.
-func (l *Lock) watchKey(ctx context.Context) (*sskv.Watcher, error) {
+// watchKey starts a waiter's watch of the key, a callback watch that hands
+// its events to box, and returns it; waitWatch.end ends it (at once: the
+// client unregisters it in the background). ctx bounds only the
+// registration (sskv.WatchFuncDetached): the wait ends the watch when it
+// returns, unless a FenceKey holding takes it over (see holding.guard), and
+// then it lasts as long as the holding. So a sleeping waiter's watch costs
+// no context of its own.
+func (l *Lock) watchKey(ctx context.Context, box *waitBox) (*sskv.Watcher, error) {
 	// A lost answer to the KEYNOTIFY must not keep the waiter from checking
 	// for the client's RequestTimeout: after a TTL, give up on this watch
 	// and check again.
 	rctx, cancel := l.until(ctx, time.Now().Add(l.cfg.TTL))
-	w, err := l.c.WatchDetached(rctx, l.cfg.Name)
+	w, err := l.c.WatchFuncDetached(rctx, l.cfg.Name, box.event, box.done)
 	cancel()
 	if err == nil && ctx.Err() != nil {
 		go w.Stop()
@@ -303,6 +305,7 @@ func (l *Lock) reservedOn(ctx context.Context, cn *sskv.Conn) (hlc.Timestamp, bo
 type waitWatch struct {
 	w      *sskv.Watcher
 	cancel context.CancelFunc // ends the watch; nil for one of watchKey's
+	box    *waitBox           // a callback watch's (watchKey's), which hands it over; nil for a channel watch
 }
 
 // end ends the watch, if any: with cancel, or else (a watch of
@@ -449,7 +452,7 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 		if l.cfg.FenceKey {
 			// The holding's guard goes on with the watch of the key.
 			if kw = q.takeKeyWatch(); kw.w != nil {
-				l.watch = waitWatch(kw)
+				l.watch = waitWatch{w: kw.w, cancel: kw.cancel}
 			}
 		}
 		ok, err := l.attemptFenced(ctx, cn, ft)
