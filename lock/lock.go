@@ -222,6 +222,7 @@ type boundCall struct {
 	cancel context.CancelCauseFunc
 	parent context.Context    // the caller's context, which ctx was made of
 	sub    context.CancelFunc // ends the context until made of parent, while it is in use
+	box    *waitBox           // a racing wait's, which sleeps on parent and box, not on ctx (see sleepOn)
 }
 
 // bind returns ctx, also ended by Close (with cause ErrClosed); unbind
@@ -298,12 +299,32 @@ func (l *Lock) endCalls() {
 		b.cancel(ErrClosed)
 	}
 	// After the calls' own contexts: a call that finds its context from
-	// until ended sees its own ended too.
+	// until ended, or is woken, sees its own ended too.
 	for _, b := range bound {
 		if b.sub != nil {
 			b.sub()
 		}
+		if b.box != nil {
+			b.box.poke()
+		}
 	}
+}
+
+// sleepOn returns what a racing wait whose context (from bind) is ctx
+// sleeps on besides box: the caller's context, which ends ctx, and not ctx
+// itself. A context's Done channel is made when first asked for, and ctx's
+// would cost each sleeping waiter one; Close wakes the wait through box
+// instead, after it has ended ctx. For a context bind did not return, it
+// is ctx.
+func (l *Lock) sleepOn(ctx context.Context, box *waitBox) context.Context {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	i := slices.IndexFunc(l.bound, func(b boundCall) bool { return b.ctx == ctx })
+	if i < 0 {
+		return ctx
+	}
+	l.bound[i].box = box
+	return l.bound[i].parent
 }
 
 // closedErr is ErrClosed in place of err when Close ended ctx.
@@ -513,7 +534,7 @@ func (l *Lock) begin(ctx context.Context) error {
 		select {
 		case <-free:
 		case <-ctx.Done():
-			return l.wrap("", ctx.Err())
+			return l.wrap("", l.closedErr(ctx, ctx.Err()))
 		}
 		l.mu.Lock()
 	}

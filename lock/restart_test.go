@@ -8,6 +8,7 @@ package lock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -223,24 +224,41 @@ func TestLostHoldingsRenewalsNotRedelivered(t *testing.T) {
 }
 
 // Close ends a Lock that waits, at once: the wait returns an error wrapping
-// ErrClosed, and Close does not wait for its own context.
+// ErrClosed, and Close does not wait for its own context. So does the end
+// of the caller's context.
 func TestCloseEndsWait(t *testing.T) {
 	srv := startStore(t)
-	a := newLock(t, dial(t, srv.Addr()), lock.Config{Name: "l", TTL: time.Minute})
-	cb := dial(t, srv.Addr())
-	b := newLock(t, cb, lock.Config{Name: "l", TTL: time.Minute})
-	mustLock(t, a)
-	got := make(chan error, 1)
-	go func() { got <- b.Lock(testCtx(t)) }()
-	waitFor(t, "b to wait", func() bool { return srv.Watching(cb.ID(), "l") })
-	if err := b.Close(testCtx(t)); err != nil {
-		t.Fatalf("Close: %v", err)
-	}
-	if err := <-got; !errors.Is(err, lock.ErrClosed) {
-		t.Fatalf("the waiting Lock returned %v; want ErrClosed", err)
-	}
-	if err := b.Lock(testCtx(t)); !errors.Is(err, lock.ErrClosed) {
-		t.Fatalf("Lock after Close = %v; want ErrClosed", err)
+	for _, race := range []bool{false, true} {
+		t.Run(fmt.Sprintf("race=%v", race), func(t *testing.T) {
+			key := fmt.Sprintf("l-%v", race)
+			cfg := lock.Config{Name: key, TTL: time.Minute, Race: race}
+			a := newLock(t, dial(t, srv.Addr()), cfg)
+			cb := dial(t, srv.Addr())
+			b := newLock(t, cb, cfg)
+			mustLock(t, a)
+
+			ctx, cancel := context.WithCancel(testCtx(t))
+			got := make(chan error, 1)
+			go func() { got <- b.Lock(ctx) }()
+			waitFor(t, "b to wait", func() bool { return srv.Watching(cb.ID(), key) })
+			cancel()
+			if err := <-got; !errors.Is(err, context.Canceled) || errors.Is(err, lock.ErrClosed) {
+				t.Fatalf("the waiting Lock returned %v when its context ended; want context.Canceled", err)
+			}
+			waitFor(t, "b's watch to end", func() bool { return !srv.Watching(cb.ID(), key) })
+
+			go func() { got <- b.Lock(testCtx(t)) }()
+			waitFor(t, "b to wait", func() bool { return srv.Watching(cb.ID(), key) })
+			if err := b.Close(testCtx(t)); err != nil {
+				t.Fatalf("Close: %v", err)
+			}
+			if err := <-got; !errors.Is(err, lock.ErrClosed) {
+				t.Fatalf("the waiting Lock returned %v; want ErrClosed", err)
+			}
+			if err := b.Lock(testCtx(t)); !errors.Is(err, lock.ErrClosed) {
+				t.Fatalf("Lock after Close = %v; want ErrClosed", err)
+			}
+		})
 	}
 }
 

@@ -82,6 +82,9 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 	}()
 	recheck := box.arm(nil, recheckTimer, l.recheckAfter())
 	defer recheck.Stop()
+	// The wait sleeps on box and on the caller's context, which ends ctx
+	// too (Close ends ctx, then wakes box).
+	parent := l.sleepOn(ctx, box)
 
 	retryLater := func() {
 		if retry == nil {
@@ -152,9 +155,12 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 		}
 
 		select {
-		case <-ctx.Done():
-			return unknown, ctx.Err()
+		case <-parent.Done():
+			return unknown, parent.Err()
 		case <-box.wake:
+			if err := ctx.Err(); err != nil { // Close
+				return unknown, err
+			}
 		}
 		evs, ended, fired := box.take()
 		if fired&delayTimer != 0 {
