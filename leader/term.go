@@ -40,7 +40,7 @@ func campaign(ctx context.Context, c *sskv.Client, election string, value []byte
 	if err := l.Lock(ctx); err != nil {
 		return nil, &electionError{election, "campaign", err}
 	}
-	t := &Term{l: l, election: election, token: l.Token(), value: bytes.Clone(value)}
+	t := &Term{l: l, value: bytes.Clone(value)}
 	leading := o.metrics.Leading // not o: the term keeps no copy of the options
 	if o.endTime || leading != nil {
 		context.AfterFunc(l.Context(), func() {
@@ -62,10 +62,10 @@ func campaign(ctx context.Context, c *sskv.Client, election string, value []byte
 //
 // Its methods are safe for concurrent use.
 type Term struct {
-	l        *lock.Lock
-	election string
-	token    hlc.Timestamp
-	ended    atomic.Value // time.Time: when the term ended
+	// l is the term's own Lock, which acquires nothing more: its name is
+	// the election, its token the term's.
+	l     *lock.Lock
+	ended atomic.Value // time.Time: when the term ended
 
 	mu        sync.Mutex
 	value     []byte
@@ -73,7 +73,7 @@ type Term struct {
 }
 
 // Election returns the name of the election.
-func (t *Term) Election() string { return t.election }
+func (t *Term) Election() string { return t.l.Name() }
 
 // CandidateID returns the id this candidate wrote in the election's key.
 func (t *Term) CandidateID() string { return t.l.HolderID() }
@@ -81,7 +81,7 @@ func (t *Term) CandidateID() string { return t.l.HolderID() }
 // Token returns the term's fencing token: the version the store gave the
 // election's key when this candidate took it. A later term's token is
 // always greater. It stays readable after the term ended.
-func (t *Term) Token() hlc.Timestamp { return t.token }
+func (t *Term) Token() hlc.Timestamp { return t.l.Token() }
 
 // Value returns the value the leader publishes, as of its last Proclaim.
 func (t *Term) Value() []byte {
@@ -152,7 +152,7 @@ func (t *Term) Proclaim(ctx context.Context, value []byte) error {
 		}
 	}
 	if err != nil {
-		return &electionError{t.election, "proclaim", err}
+		return &electionError{t.l.Name(), "proclaim", err}
 	}
 	return nil
 }
@@ -173,7 +173,7 @@ func (t *Term) Resign(ctx context.Context) error {
 		err = cerr
 	}
 	if err != nil {
-		return &electionError{t.election, "resign", err}
+		return &electionError{t.l.Name(), "resign", err}
 	}
 	return nil
 }
