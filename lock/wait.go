@@ -232,28 +232,11 @@ func (l *Lock) watchKey(ctx context.Context, box *waitBox) (*sskv.Watcher, error
 	return w, nil
 }
 
-// resetTimer resets t to fire after d, making it if it is nil.
-func resetTimer(t *time.Timer, d time.Duration) *time.Timer {
-	if t == nil {
-		return time.NewTimer(d)
-	}
-	t.Reset(d)
-	return t
-}
-
 // stopTimer stops t unless it is nil.
 func stopTimer(t *time.Timer) {
 	if t != nil {
 		t.Stop()
 	}
-}
-
-// timerC is t's channel, or nil (which never delivers) if t is nil.
-func timerC(t *time.Timer) <-chan time.Time {
-	if t == nil {
-		return nil
-	}
-	return t.C
 }
 
 // holdOff returns when an acquisition through cn may take a missing key:
