@@ -344,6 +344,7 @@ func TestStressMixedFaults(t *testing.T) {
 		{"plain", lock.Config{Name: "l", TTL: time.Second}},
 		{"FenceKey", lock.Config{Name: "l", TTL: time.Second, FenceKey: true}},
 		{"Race", lock.Config{Name: "l", TTL: time.Second, Race: true}},
+		{"Race+FenceKey", lock.Config{Name: "l", TTL: time.Second, Race: true, FenceKey: true}}, // package leader's
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			seed := uint64(time.Now().UnixNano())
@@ -364,6 +365,7 @@ func TestStressMixedFaultsWithRestarts(t *testing.T) {
 		{"plain", lock.Config{Name: "l", TTL: time.Second}},
 		{"FenceKey", lock.Config{Name: "l", TTL: time.Second, FenceKey: true}},
 		{"Race", lock.Config{Name: "l", TTL: time.Second, Race: true}},
+		{"Race+FenceKey", lock.Config{Name: "l", TTL: time.Second, Race: true, FenceKey: true}}, // package leader's
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			seed := uint64(time.Now().UnixNano())
