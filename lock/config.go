@@ -44,8 +44,8 @@ type Config struct {
 	// renewal is sent, plus up to a tenth at random (less where
 	// RenewDeadline is close behind); the first one falls
 	// at random in its second half, so that locks taken together do not
-	// renew together; renewals due within a hundredth of it (at most
-	// 20 ms) go out together. A failed renewal is retried sooner, with a
+	// renew together; renewals due within a thirtieth of it (at most
+	// 100 ms) go out together. A failed renewal is retried sooner, with a
 	// short jittered backoff, until RenewDeadline.
 	RenewInterval time.Duration
 

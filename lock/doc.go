@@ -32,7 +32,7 @@
 // falls at random in the second half of RenewInterval, and later ones up to
 // a tenth of it late, so that locks taken together do not renew together
 // while a holding still renews no more often than RenewInterval asks.
-// Renewals due within a hundredth of RenewInterval (at most 20 ms) of one
+// Renewals due within a thirtieth of RenewInterval (at most 100 ms) of one
 // that is due go out with it, as one burst: that costs the client and the
 // store less than the same requests one at a time. At most 256 renewals of
 // a client are in flight at once; when more are due (every holding after a

@@ -122,7 +122,7 @@ func TestFastFailingRenewalsLoseOnTime(t *testing.T) {
 // TestFastFailingRenewalsAllLost: as above, with many holdings on
 // one client and the default proportions (TTL 3 s, RenewInterval 1 s,
 // RenewDeadline 2 s). The renewer pops every holding due within the batch
-// window (RenewInterval/100) whenever it wakes, and attend is given the
+// window (RenewInterval/30) whenever it wakes, and attend is given the
 // holding's due time, not the real time: a holding whose retry is due just
 // after its renew deadline, popped early by another holding's wake-up
 // while the deadline has not come yet, goes to "the renew deadline has

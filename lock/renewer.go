@@ -134,7 +134,7 @@ func (r *renewer) run() {
 		// same requests one by one. Deadlines are checked on time.
 		for len(r.queue) > 0 {
 			h := r.queue[0]
-			window := min(h.l.cfg.RenewInterval/100, maxBatchWindow)
+			window := min(h.l.cfg.RenewInterval/batchWindowDiv, maxBatchWindow)
 			if !h.due.Before(h.expiry()) {
 				window = 0 // a renew deadline is checked on time, not early
 			}
@@ -393,9 +393,17 @@ type scheduling struct {
 	retry       *backoff.ExponentialBackOff
 }
 
-// maxBatchWindow bounds how early a renewal goes out to join a batch: a
-// hundredth of the shortest RenewInterval among the holdings, at most this.
-const maxBatchWindow = 20 * time.Millisecond
+// A renewal goes out up to a batch window early, to join the renewals due
+// before it: a thirtieth of its RenewInterval, at most maxBatchWindow.
+// Renewals are spread over the interval (see add), and a store that takes
+// them one by one sleeps and wakes between them: 10,000 locks (TTL 10 s)
+// cost the local store about 15-20% less CPU in batches of up to 100 ms
+// than of up to 20 ms, for a renew p99 of about 38 ms rather than 22
+// (BenchmarkManyLocks).
+const (
+	batchWindowDiv = 30
+	maxBatchWindow = 100 * time.Millisecond
+)
 
 func later(a, b time.Time) time.Time {
 	if b.After(a) {
