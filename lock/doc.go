@@ -31,10 +31,11 @@
 // and a renewal in flight holds up no other. The first renewal of a holding
 // falls at random in the second half of RenewInterval, and later ones up to
 // a tenth of it late, so that locks taken together do not renew together
-// while a holding still renews no more often than RenewInterval asks.
-// Renewals due within a thirtieth of RenewInterval (at most 100 ms) of one
-// that is due go out with it, as one burst: that costs the client and the
-// store less than the same requests one at a time. At most 256 renewals of
+// while a holding still renews, on average, no more often than
+// RenewInterval asks. Renewals due within a thirtieth of RenewInterval (at
+// most 100 ms) of one that is due go out with it, as one burst (so up to
+// that much early): that costs the client and the store less than the same
+// requests one at a time. At most 256 renewals of
 // a client are in flight at once; when more are due (every holding after a
 // reconnect, each confirming its key and then renewing), they wait in
 // order of their renew deadlines, so that those closest to it go first:
