@@ -370,13 +370,11 @@ func BenchmarkManyElections(b *testing.B) {
 	for _, n := range scaleSizes(b, "DSSLOCK_SCALE_ELECTIONS", 1000) {
 		b.Run(fmt.Sprintf("dsslock/elections=%d", n), func(b *testing.B) {
 			e := newScaleEnv(b, window)
-			// The runtime keeps the record of every goroutine it has run,
-			// for reuse. The 3n goroutines this benchmark starts to call
-			// Campaign are the caller's, so their records are made before
-			// the baseline: they reuse them.
+			// What the caller has before it campaigns is not the
+			// elections' cost: the clients, the election names, and the
+			// 3n goroutines that call Campaign, started before the
+			// baseline and waiting for start.
 			warm := measure()
-			goroutineRecords(3 * n)
-			before := measure()
 			var cs [3]*sskv.Client
 			for i := range cs {
 				cs[i] = e.ourClient(fmt.Sprintf("candidate%d", i))
@@ -396,17 +394,22 @@ func BenchmarkManyElections(b *testing.B) {
 			defer cancel()
 			var (
 				mu      sync.Mutex
-				terms   []*leader.Term
+				terms   = make([]*leader.Term, 0, n)
 				led     [3]int
 				waiting sync.WaitGroup
+				ready   sync.WaitGroup
+				start   = make(chan struct{})
 				elected = make(chan struct{}, 3*n)
 			)
 			for i := range n {
 				name := e.key(fmt.Sprintf("e%d", i))
 				for k, c := range cs {
 					waiting.Add(1)
+					ready.Add(1)
 					go func() {
 						defer waiting.Done()
+						ready.Done()
+						<-start
 						t, err := leader.Campaign(ctx, c, name, nil, metrics)
 						if err != nil {
 							return
@@ -419,6 +422,11 @@ func BenchmarkManyElections(b *testing.B) {
 					}()
 				}
 			}
+			ready.Wait()
+			before := measure()
+			before.goroutines -= 3 * n
+			writeHeapProfile(b, ".base")
+			close(start)
 			for range n {
 				<-elected
 			}
@@ -440,7 +448,7 @@ func BenchmarkManyElections(b *testing.B) {
 			held.goroutines -= 2 * n
 			reportPer(b, before, held, n, "election")
 			b.ReportMetric((float64(before.heap)-float64(warm.heap))/float64(n), "callers-heap-B/election")
-			writeHeapProfile(b)
+			writeHeapProfile(b, "")
 			cpu := startCPU()
 			lat.take()
 			time.Sleep(window)
@@ -472,32 +480,16 @@ func BenchmarkManyElections(b *testing.B) {
 	}
 }
 
-// goroutineRecords has the runtime make the records of n goroutines: it
-// runs n at once, and lets them end.
-func goroutineRecords(n int) {
-	var started, done sync.WaitGroup
-	release := make(chan struct{})
-	started.Add(n)
-	done.Add(n)
-	for range n {
-		go func() {
-			defer done.Done()
-			started.Done()
-			<-release
-		}()
-	}
-	started.Wait()
-	close(release)
-	done.Wait()
-}
-
 // writeHeapProfile writes the heap profile to the file that
-// DSSLOCK_SCALE_HEAPPROFILE names, if any: what the steady state holds.
-func writeHeapProfile(b *testing.B) {
+// DSSLOCK_SCALE_HEAPPROFILE names, with suffix, if any: what the steady
+// state holds, or (suffix ".base") what was there before. go tool pprof
+// -base path.base path shows what the elections keep.
+func writeHeapProfile(b *testing.B, suffix string) {
 	path := os.Getenv("DSSLOCK_SCALE_HEAPPROFILE")
 	if path == "" {
 		return
 	}
+	path += suffix
 	f, err := os.Create(path)
 	if err != nil {
 		b.Fatal(err)
