@@ -33,11 +33,9 @@ func Campaign(ctx context.Context, c *sskv.Client, election string, value []byte
 }
 
 func campaign(ctx context.Context, c *sskv.Client, election string, value []byte, o *options) (*Term, error) {
-	l, err := lock.New(c, o.lockConfig(election, value))
+	// A follower keeps no Lock while it waits (see lock.Acquire).
+	l, err := lock.Acquire(ctx, c, o.lockConfig(election, value))
 	if err != nil {
-		return nil, &electionError{election, "campaign", err}
-	}
-	if err := l.Lock(ctx); err != nil {
 		return nil, &electionError{election, "campaign", err}
 	}
 	t := &Term{l: l, value: bytes.Clone(value)}

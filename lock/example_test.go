@@ -74,6 +74,42 @@ func ExampleLock_TryLock() {
 	// Output: a: true b: false holder: instance-a
 }
 
+// Acquire is New and Lock in one call: a standby instance waits until it
+// holds the lock, keeping no Lock while it waits.
+func ExampleAcquire() {
+	srv, err := localstore.Start(localstore.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := sskv.Dial(ctx, sskv.Config{Addr: srv.Addr()})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	cfg := lock.Config{Name: "gateway/active", TTL: 5 * time.Second, Race: true}
+	active, err := lock.Acquire(ctx, c, cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	standby := make(chan *lock.Lock)
+	go func() {
+		l, err := lock.Acquire(ctx, c, cfg) // sleeps until the active one lets go
+		if err != nil {
+			log.Fatal(err)
+		}
+		standby <- l
+	}()
+	_ = active.Unlock(ctx)
+	next := <-standby
+	fmt.Println("standby holds:", next.Err() == nil, "newer token:", active.Token().Before(next.Token()))
+	_ = next.Unlock(ctx)
+	// Output: standby holds: true newer token: true
+}
+
 // Done tells the holder that it lost the lock; Err tells why.
 func ExampleLock_Done() {
 	srv, err := localstore.Start(localstore.Config{})

@@ -88,15 +88,20 @@ func New(c *sskv.Client, cfg Config) (*Lock, error) {
 	if err := checkWatchable(c, cfg.Name, cfg.HolderID); err != nil {
 		return nil, err
 	}
-	l := &Lock{
+	return newLock(c, cfg, lockLogger(&cfg)), nil
+}
+
+// newLock returns a Lock of cfg, valid and with defaults filled in, that
+// logs to log.
+func newLock(c *sskv.Client, cfg Config, log *slog.Logger) *Lock {
+	return &Lock{
 		c:     c,
 		cfg:   cfg,
-		log:   lockLogger(&cfg),
+		log:   log,
 		val:   bytes.Clone(cfg.Value),
 		nonce: newNonce(),
+		cur:   notHeld,
 	}
-	l.cur = notHeld
-	return l, nil
 }
 
 // Name returns the key of the lock.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"time"
@@ -22,9 +23,9 @@ import (
 // event) and checked at once.
 const recheckTTLs = 10
 
-func (l *Lock) recheckAfter() time.Duration {
-	half := max(l.cfg.TTL/2, time.Millisecond)
-	return addSat(mulSat(l.cfg.TTL, recheckTTLs), half+rand.N(half))
+func recheckAfter(ttl time.Duration) time.Duration {
+	half := max(ttl/2, time.Millisecond)
+	return addSat(mulSat(ttl, recheckTTLs), half+rand.N(half))
 }
 
 // mulSat is d*n, or the longest Duration if that overflows.
@@ -53,8 +54,61 @@ func addSat(a, b time.Duration) time.Duration {
 // a TTL of a Resync of the watch that found the key missing after the waiter
 // had seen it held (see holdOff).
 func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
+	r := racer{c: l.c, cfg: l.cfg, log: l.log, l: l, own: true}
+	return r.wait(ctx)
+}
+
+// racer is what a racing wait (racer.wait) acquires the lock for: a Lock
+// whose Lock call waits, or, for Acquire, a Lock made for each attempt, so
+// that a waiter keeps no Lock while it sleeps.
+type racer struct {
+	c   *sskv.Client
+	cfg Config // by value: a pointer in r would put Acquire's on the heap
+	log *slog.Logger
+	// l is the Lock attempts go through. Acquire's is nil until an
+	// attempt needs one, and again after an attempt that took nothing
+	// (one whose outcome is unknown keeps it: its undo list gives the key
+	// back). Acquire's Locks have the turn from the start.
+	l   *Lock
+	own bool // l is the waiting Lock's own (Lock.Lock): its calls are bound
+	// ww is the wait's watch of the key, until a holding takes it over
+	// (FenceKey: see holding.guard).
+	ww waitWatch
+}
+
+// attempt makes one acquisition through cn, as Lock.attempt, with the
+// wait's watch for the holding to take over. unknown reports that it may
+// have taken the key: r.l then deletes it if it did.
+func (r *racer) attempt(ctx context.Context, cn *sskv.Conn) (ok, unknown bool, err error) {
+	l := r.l
+	if l == nil {
+		l = newLock(r.c, r.cfg, r.log)
+		l.busy = true // Acquire's own until it returns it
+		r.l = l
+	}
+	l.watch = r.ww
+	ok, err = l.attempt(ctx, cn)
+	r.ww, l.watch = l.watch, waitWatch{}
+	unknown = err != nil && len(l.undo) > 0 // attempt keeps what may have been written (a late answer too)
+	if !ok && !unknown && !r.own {
+		r.l = nil
+	}
+	return ok, unknown, err
+}
+
+// until is Lock.until for a Lock's own wait, and otherwise a child of ctx
+// ended at deadline.
+func (r *racer) until(ctx context.Context, deadline time.Time) (context.Context, context.CancelFunc) {
+	if r.own {
+		return r.l.until(ctx, deadline)
+	}
+	return context.WithDeadline(ctx, deadline)
+}
+
+// wait is Lock.wait, for r.
+func (r *racer) wait(ctx context.Context) (unknown bool, err error) {
 	var (
-		w         *sskv.Watcher // the watch of the key, also in l.watch until a holding takes it
+		w         *sskv.Watcher // the watch of the key, also in r.ww until a holding takes it
 		woken     bool          // the pending check was woken by a deletion
 		lost      bool          // a check woken by a deletion lost the race to another waiter
 		delayed   bool          // the delay timer wakes a deletion's check (not a retry)
@@ -66,29 +120,34 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 		delay, hold *time.Timer
 		// The watch's events and the timers wake the waiter through box.
 		box = newWaitBox()
+		ttl = r.cfg.TTL
 	)
 	// On return the watch ends at once (the client unregisters it in the
 	// background, so Lock does not wait for that round trip), unless the
 	// holding took it over (FenceKey: see holding.guard).
 	defer func() {
-		if l.watch.w != nil {
-			l.watch.end()
-			l.watch = waitWatch{}
+		if r.ww.w != nil {
+			r.ww.end()
+			r.ww = waitWatch{}
 		}
 	}()
 	defer func() {
 		stopTimer(delay)
 		stopTimer(hold)
 	}()
-	recheck := box.arm(nil, recheckTimer, l.recheckAfter())
-	defer recheck.Stop()
+	rechecks := rechecksOf(r.c)
+	rechecks.set(box, recheckAfter(ttl))
+	defer rechecks.stop(box)
 	// The wait sleeps on box and on the caller's context, which ends ctx
 	// too (Close ends ctx, then wakes box).
-	parent := l.sleepOn(ctx, box)
+	parent := ctx
+	if r.own {
+		parent = r.l.sleepOn(ctx, box)
+	}
 
 	retryLater := func() {
 		if retry == nil {
-			retry = newBackoff(max(l.cfg.TTL/100, time.Millisecond), max(l.cfg.TTL/4, time.Millisecond))
+			retry = newBackoff(max(ttl/100, time.Millisecond), max(ttl/4, time.Millisecond))
 		}
 		delayed = false
 		delay = box.arm(delay, delayTimer, retry.NextBackOff())
@@ -97,22 +156,21 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 	for {
 		if check {
 			check = false
-			cn, err := l.c.Connection(ctx)
+			cn, err := r.c.Connection(ctx)
 			if err != nil {
 				return unknown, err
 			}
-			if until := l.holdOff(cn); until.After(holdUntil) {
+			if until := holdOff(cn, ttl); until.After(holdUntil) {
 				holdUntil = until
 			}
 			if d := time.Until(holdUntil); d > 0 {
 				// No attempt until then; the watch is set up meanwhile.
-				l.log.Debug("the key may still be held by a holder that lost it unseen; waiting", "for", d)
+				r.log.Debug("the key may still be held by a holder that lost it unseen; waiting", "for", d)
 				hold = box.arm(hold, holdTimer, d)
 			} else {
 				var ok bool
-				ok, err = l.attempt(ctx, cn)
-				unknown = err != nil && len(l.undo) > 0 // attempt keeps what may have been written (a late answer too)
-				recheck.Reset(l.recheckAfter())
+				ok, unknown, err = r.attempt(ctx, cn)
+				rechecks.set(box, recheckAfter(ttl))
 				switch {
 				case ok:
 					return false, nil
@@ -126,7 +184,7 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 					// A timeout or a lost connection: try again soon. The
 					// same value makes a repeat of an applied SET harmless
 					// (NEX).
-					l.log.Debug("acquisition failed; retrying", "error", err)
+					r.log.Debug("acquisition failed; retrying", "error", err)
 					retryLater()
 				default: // held by someone else
 					if retry != nil {
@@ -140,14 +198,14 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 			if err == nil && w == nil {
 				// Watch the key, then check again: it may have been deleted
 				// before the watch was registered.
-				if w, err = l.watchKey(ctx, box); err != nil {
+				if w, err = r.watchKey(ctx, box); err != nil {
 					if ctx.Err() != nil || errors.Is(err, sskv.ErrClosed) || refused(err) {
 						return unknown, err
 					}
-					l.log.Debug("watch failed; retrying", "error", err)
+					r.log.Debug("watch failed; retrying", "error", err)
 					retryLater()
 				} else {
-					l.watch = waitWatch{w: w, box: box}
+					r.ww = waitWatch{w: w, box: box}
 					check = true
 					continue
 				}
@@ -176,13 +234,13 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 				// waiter lost the last race. A key found missing after the
 				// watch lost track of it may have vanished unseen.
 				if ev.Resync && ev.Op == sskv.OpDelete && seenHeld {
-					if until := time.Now().Add(l.cfg.TTL); until.After(holdUntil) {
+					if until := time.Now().Add(ttl); until.After(holdUntil) {
 						holdUntil = until
 					}
 				}
 				if lost {
 					if race == nil {
-						race = newBackoff(time.Millisecond, min(l.cfg.TTL/10, 100*time.Millisecond))
+						race = newBackoff(time.Millisecond, min(ttl/10, 100*time.Millisecond))
 					}
 					delayed = true
 					delay = box.arm(delay, delayTimer, race.NextBackOff())
@@ -200,9 +258,9 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 			if ctx.Err() != nil {
 				return unknown, ctx.Err()
 			}
-			l.log.Debug("watch ended; watching again", "error", w.Err())
-			l.watch.end()
-			w, l.watch = nil, waitWatch{}
+			r.log.Debug("watch ended; watching again", "error", w.Err())
+			r.ww.end()
+			w, r.ww = nil, waitWatch{}
 			check = true
 		}
 	}
@@ -215,12 +273,12 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 // returns, unless a FenceKey holding takes it over (see holding.guard), and
 // then it lasts as long as the holding. So a sleeping waiter's watch costs
 // no context of its own.
-func (l *Lock) watchKey(ctx context.Context, box *waitBox) (*sskv.Watcher, error) {
+func (r *racer) watchKey(ctx context.Context, box *waitBox) (*sskv.Watcher, error) {
 	// A lost answer to the KEYNOTIFY must not keep the waiter from checking
 	// for the client's RequestTimeout: after a TTL, give up on this watch
 	// and check again.
-	rctx, cancel := l.until(ctx, time.Now().Add(l.cfg.TTL))
-	w, err := l.c.WatchFuncDetached(rctx, l.cfg.Name, box.event, box.done)
+	rctx, cancel := r.until(ctx, time.Now().Add(r.cfg.TTL))
+	w, err := r.c.WatchFuncDetached(rctx, r.cfg.Name, box.event, box.done)
 	cancel()
 	if err == nil && ctx.Err() != nil {
 		go w.Stop()
@@ -253,11 +311,14 @@ func stopTimer(t *time.Timer) {
 // know what an earlier one saw, nor a process that started while the store
 // was down. A process that connects at once has seen nothing, and cannot
 // tell a restart just before from none.
-func (l *Lock) holdOff(cn *sskv.Conn) time.Time {
+func (l *Lock) holdOff(cn *sskv.Conn) time.Time { return holdOff(cn, l.cfg.TTL) }
+
+// holdOff is Lock.holdOff for a lock of the given TTL.
+func holdOff(cn *sskv.Conn, ttl time.Duration) time.Time {
 	if !cn.AfterOutage() {
 		return time.Time{}
 	}
-	return cn.Since().Add(l.cfg.TTL)
+	return cn.Since().Add(ttl)
 }
 
 // reservedOn reports whether a read through cn finds the key reserved for
@@ -400,7 +461,7 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 	grace := time.NewTimer(time.Hour)
 	grace.Stop()
 	defer grace.Stop()
-	recheck := time.NewTimer(l.recheckAfter())
+	recheck := time.NewTimer(recheckAfter(l.cfg.TTL))
 	defer recheck.Stop()
 
 	fail := func(err error) (bool, error) {
@@ -450,7 +511,7 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 			q.giveKeyWatch(kw)
 		}
 		unknown = err != nil && len(l.undo) > 0
-		recheck.Reset(l.recheckAfter())
+		recheck.Reset(recheckAfter(l.cfg.TTL))
 		switch {
 		case ok:
 			acquired = true
@@ -645,7 +706,7 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 			q.mu.Lock()
 			q.rejoin, q.acked = true, false
 			q.mu.Unlock()
-			recheck.Reset(l.recheckAfter())
+			recheck.Reset(recheckAfter(l.cfg.TTL))
 		}
 	}
 }
