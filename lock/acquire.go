@@ -15,6 +15,9 @@ import (
 // heap, where New and Lock cost about 1.25 KB. Package leader's Campaign
 // uses it: a client may follow thousands of elections.
 //
+// Without Config.HolderID, each attempt's Lock has a default HolderID of
+// its own: the Lock returned has the one its acquisition wrote.
+//
 // Everything Lock promises holds. If ctx ends first, or the store refuses
 // an acquisition, Acquire returns an error and holds nothing: a last
 // attempt whose outcome is unknown is given back in the background, as Lock
@@ -34,6 +37,7 @@ func Acquire(ctx context.Context, c *sskv.Client, cfg Config) (*Lock, error) {
 	if c == nil {
 		return nil, configErr("nil sskv.Client")
 	}
+	given := cfg.HolderID
 	cfg, err := cfg.withDefaults(c.ID())
 	if err != nil {
 		return nil, err
@@ -42,6 +46,11 @@ func Acquire(ctx context.Context, c *sskv.Client, cfg Config) (*Lock, error) {
 		return nil, err
 	}
 	cfg.Value = bytes.Clone(cfg.Value) // the caller may change it while Acquire waits
+	if given == "" {
+		// Each attempt's Lock gets a HolderID of its own (see
+		// racer.attempt): a waiter keeps none while it sleeps.
+		cfg.HolderID = ""
+	}
 	r := racer{c: c, cfg: cfg, log: lockLogger(&cfg)}
 	unknown, err := r.wait(ctx)
 	if err != nil {

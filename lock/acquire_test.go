@@ -3,6 +3,8 @@ package lock_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -76,6 +78,27 @@ func TestAcquire(t *testing.T) {
 				t.Errorf("the key holds %+v; want the second's id and value", h)
 			}
 		})
+	}
+}
+
+// The Lock Acquire returns writes the HolderID it was given, or a default
+// one made of the client's id; its holder reads it.
+func TestAcquireHolderID(t *testing.T) {
+	srv := startStore(t)
+	ctx := testCtx(t)
+	c := dial(t, srv.Addr())
+	for i, id := range []string{"", "me"} {
+		l, err := acquire(ctx, t, c, lock.Config{Name: fmt.Sprint("l", i), Race: true, HolderID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := l.HolderID()
+		if id != "" && got != id || id == "" && !strings.HasPrefix(got, c.ID()+"/") {
+			t.Errorf("HolderID() = %q given %q; want the given one, or the client's id, a slash and more", got, id)
+		}
+		if h := holder(t, l); h.ID != got || l.Config().HolderID != got {
+			t.Errorf("the key holds %q and Config has %q; want %q", h.ID, l.Config().HolderID, got)
+		}
 	}
 }
 

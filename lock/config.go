@@ -119,6 +119,10 @@ func configErr(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrConfig}, args...)...)
 }
 
+// defaultHolderID returns a new HolderID for a Lock of the client with id
+// clientID: the id, a slash and 16 random hex digits.
+func defaultHolderID(clientID string) string { return clientID + "/" + randomHex(8) }
+
 // withDefaults validates cfg and fills in its defaults. clientID is the id of
 // the sskv client, the prefix of the default HolderID.
 func (cfg Config) withDefaults(clientID string) (Config, error) {
@@ -126,7 +130,7 @@ func (cfg Config) withDefaults(clientID string) (Config, error) {
 		return cfg, configErr("empty Name")
 	}
 	if cfg.HolderID == "" {
-		cfg.HolderID = clientID + "/" + randomHex(8)
+		cfg.HolderID = defaultHolderID(clientID)
 	}
 	if strings.ContainsAny(cfg.HolderID, "\n") {
 		return cfg, configErr("HolderID %q contains a newline", cfg.HolderID)
@@ -169,9 +173,6 @@ func (cfg Config) withDefaults(clientID string) (Config, error) {
 // discardLogger is the Logger of a Config that has none, shared.
 var discardLogger = slog.New(slog.DiscardHandler)
 
-// lockLogger returns cfg's Logger with the lock's name and holder id,
-// or the Logger itself when it discards everything: a Lock's logger then
-// costs nothing.
 // checkWatchable returns an error wrapping ErrConfig if c cannot watch
 // every key a Lock on name with holderID would: the longest are the inbox
 // keys of its queue (name, inboxInfix, a HolderID). A notification's topic
@@ -184,9 +185,15 @@ func checkWatchable(c *sskv.Client, name, holderID string) error {
 	return nil
 }
 
+// lockLogger returns cfg's Logger with the lock's name and holder id (if
+// any yet), or the Logger itself when it discards everything: a Lock's
+// logger then costs nothing.
 func lockLogger(cfg *Config) *slog.Logger {
-	if cfg.Logger.Handler() == slog.DiscardHandler {
+	switch {
+	case cfg.Logger.Handler() == slog.DiscardHandler:
 		return cfg.Logger
+	case cfg.HolderID == "":
+		return cfg.Logger.With("lock", cfg.Name)
 	}
 	return cfg.Logger.With("lock", cfg.Name, "holder", cfg.HolderID)
 }

@@ -63,7 +63,10 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 // that a waiter keeps no Lock while it sleeps.
 type racer struct {
 	c   *sskv.Client
-	cfg Config // by value: a pointer in r would put Acquire's on the heap
+	// cfg is by value: a pointer in r would put Acquire's on the heap. An
+	// empty HolderID (Acquire's default) gives each attempt's Lock a new
+	// default one.
+	cfg Config
 	log *slog.Logger
 	// l is the Lock attempts go through. Acquire's is nil until an
 	// attempt needs one, and again after an attempt that took nothing
@@ -82,7 +85,12 @@ type racer struct {
 func (r *racer) attempt(ctx context.Context, cn *sskv.Conn) (ok, unknown bool, err error) {
 	l := r.l
 	if l == nil {
-		l = newLock(r.c, r.cfg, r.log)
+		cfg, log := r.cfg, r.log
+		if cfg.HolderID == "" {
+			cfg.HolderID = defaultHolderID(r.c.ID())
+			log = lockLogger(&cfg)
+		}
+		l = newLock(r.c, cfg, log)
 		l.busy = true // Acquire's own until it returns it
 		r.l = l
 	}
