@@ -8,6 +8,9 @@
 //	defer l.Unlock(context.Background())         // after the work below has returned
 //	work(l.Context(), l.Token())                 // Context ends if the lock is lost
 //
+// [Acquire] is New and Lock in one call, for a standby that has no use for
+// the Lock before it holds.
+//
 // # How it works
 //
 // A Lock is one holder, identified by its HolderID. It acquires the key with
