@@ -35,7 +35,7 @@ func rechecksOf(c *sskv.Client) *rechecks {
 // A recheck that fires as it is set again may wake the waiter once too
 // often: the waiter then checks the lock early, which is harmless.
 func (r *rechecks) set(b *waitBox, d time.Duration) {
-	due := time.Since(r.base) + max(d, 1)
+	due := addSat(time.Since(r.base), max(d, 1)) // d saturates for a huge TTL (recheckAfter)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	b.due = due
