@@ -631,10 +631,11 @@ func (l *Lock) attemptFenced(ctx context.Context, cn *sskv.Conn, ft hlc.Timestam
 		Expiry:       l.cfg.TTL,
 		FencingToken: ft,
 	})
-	cancel()
+	// Before cancel, which ends actx whatever the answer was.
 	if err != nil && ctx.Err() == nil && actx.Err() != nil {
 		err = fmt.Errorf("%w: %w", errNoAnswer, err)
 	}
+	cancel()
 	switch {
 	case errors.Is(err, sskv.ErrNotSent):
 		l.undo = nil // not sent, so not executed
@@ -660,11 +661,12 @@ func (l *Lock) attemptFenced(ctx context.Context, cn *sskv.Conn, ft hlc.Timestam
 			Expiry:       l.cfg.TTL,
 			FencingToken: token,
 		})
+		late := err != nil && ctx.Err() == nil && fctx.Err() != nil // before cancel ends fctx
 		cancel()
+		if late {
+			err = errAnsweredLate
+		}
 		if err != nil {
-			if ctx.Err() == nil && fctx.Err() != nil {
-				err = errAnsweredLate
-			}
 			return false, err
 		}
 		version = fres.Version
