@@ -62,7 +62,7 @@ func (l *Lock) wait(ctx context.Context) (unknown bool, err error) {
 // whose Lock call waits, or, for Acquire, a Lock made for each attempt, so
 // that a waiter keeps no Lock while it sleeps.
 type racer struct {
-	c   *sskv.Client
+	c *sskv.Client
 	// cfg is by value: a pointer in r would put Acquire's on the heap. An
 	// empty HolderID (Acquire's default) gives each attempt's Lock a new
 	// default one.
