@@ -48,9 +48,12 @@ type advRig struct {
 	clients   []*sskv.Client
 	proxies   []*faultproxy.Proxy
 	locks     []*lock.Lock
-	sems      []*lock.Semaphore
-	semCfg    lock.SemaphoreConfig
-	admin     *sskv.Client
+	// acquire: each holding is a new Lock of lock.Acquire (cfg, with
+	// HolderID "h<i>"), not a Lock call of locks[i].
+	acquire bool
+	sems    []*lock.Semaphore
+	semCfg  lock.SemaphoreConfig
+	admin   *sskv.Client
 
 	mu        sync.Mutex
 	intervals []advInterval
@@ -68,17 +71,24 @@ func (r *advRig) problem(format string, args ...any) {
 // holder runs Lock i in a loop until ctx ends: lock, check the key, write
 // fenced, hold a little, unlock.
 func (r *advRig) holder(ctx context.Context, i int) {
-	l := r.locks[i]
 	c := r.clients[i]
-	w := fenced.New(c, l)
+	lockOnce := func(ctx context.Context) (*lock.Lock, error) {
+		if r.acquire {
+			cfg := r.cfg
+			cfg.HolderID = fmt.Sprintf("h%d", i)
+			return lock.Acquire(ctx, c, cfg)
+		}
+		return r.locks[i], r.locks[i].Lock(ctx)
+	}
 	for ctx.Err() == nil {
 		restarts := r.restarted.Load()
 		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := l.Lock(lctx)
+		l, err := lockOnce(lctx)
 		cancel()
 		if err != nil {
 			continue
 		}
+		w := fenced.New(c, l)
 		start := time.Now()
 		token := l.Token()
 		hctx := l.Context()
@@ -128,6 +138,9 @@ func (r *advRig) holder(ctx context.Context, i int) {
 		r.mu.Unlock()
 		uctx, ucancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_ = l.Unlock(uctx)
+		if r.acquire {
+			_ = l.Close(uctx)
+		}
 		ucancel()
 		time.Sleep(time.Duration(rand.N(10)) * time.Millisecond)
 	}
