@@ -112,11 +112,15 @@ func TestAcquireFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := dial(t, srv.Addr())
-	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	defer cancel()
-	l, err := lock.Acquire(short, c, cfg)
-	if l != nil || !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("Acquire until its context ends = %v, %v; want nil and DeadlineExceeded", l, err)
+	for _, race := range []bool{true, false} {
+		short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		cfg := cfg
+		cfg.Race = race
+		l, err := lock.Acquire(short, c, cfg)
+		cancel()
+		if l != nil || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Acquire (Race %v) until its context ends = %v, %v; want nil and DeadlineExceeded", race, l, err)
+		}
 	}
 	for _, tc := range []struct {
 		c   *sskv.Client
@@ -124,6 +128,7 @@ func TestAcquireFails(t *testing.T) {
 	}{
 		{nil, cfg},
 		{c, lock.Config{Race: true}},
+		{c, lock.Config{}}, // without Race too
 		{c, lock.Config{Name: "l", Race: true, Value: []byte("v")}}, // Value needs FenceKey
 		{c, lock.Config{Name: "l", Race: true, TTL: -time.Second}},
 	} {
