@@ -33,6 +33,7 @@ type member struct {
 	sets    chan struct{} // a SET of this member ended, whatever its outcome (buffered 1)
 	resign  chan struct{} // ends the work of this member's term
 	out     chan struct{} // this member's Run returned after its resign
+	stopped chan error    // a term of this member ended and its resign returned
 	rejoin  chan struct{} // lets this member campaign again after it resigned
 }
 
@@ -61,6 +62,7 @@ func startMember(t *testing.T, ctx context.Context, store, name string, terms ch
 		sets:    make(chan struct{}, 1),
 		resign:  make(chan struct{}, 1),
 		out:     make(chan struct{}, 1),
+		stopped: make(chan error, 8),
 		rejoin:  make(chan struct{}, 1),
 	}
 	t.Cleanup(m.metrics.Close)
@@ -75,7 +77,11 @@ func startMember(t *testing.T, ctx context.Context, store, name string, terms ch
 			}
 		}
 	}
+	// A long PingTimeout keeps a frozen connection (Blackhole) open until
+	// it thaws, as a stopped process's connection stays open until the
+	// broker's keep alive drops it.
 	c, err := sskv.Dial(ctx, sskv.Config{Addr: p.Addr(), ClientID: name, Metrics: hooks,
+		KeepAlive: 30 * time.Second, PingTimeout: 30 * time.Second,
 		ReconnectMin: 10 * time.Millisecond, ReconnectMax: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -84,7 +90,8 @@ func startMember(t *testing.T, ctx context.Context, store, name string, terms ch
 	e, err := leader.NewElector(c, election, []byte(name),
 		leader.WithTTL(3*time.Second),
 		leader.WithMetrics(cs.Election(election)),
-		leader.OnStartedLeading(func(lt *leader.Term) { terms <- term{m, lt} }))
+		leader.OnStartedLeading(func(lt *leader.Term) { terms <- term{m, lt} }),
+		leader.OnStoppedLeading(func(err error) { m.stopped <- err }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,7 +208,8 @@ func wait(t *testing.T, ctx context.Context, ch <-chan struct{}, what string) {
 // leader resigns) and a takeover (the leader's process dies and its key
 // expires): the campaigns of the followers, the renewals and the resign
 // count no error outcome. The followers' campaigns on the fenced key are
-// "refused", as contention, where they used to be "service_error".
+// "refused", as contention, where they used to be "service_error"; so is
+// the resign of a leader that stalled and woke after another took over.
 func TestHealthyGroupScraped(t *testing.T) {
 	srv, err := localstore.Start(localstore.Config{})
 	if err != nil {
@@ -268,4 +276,38 @@ func TestHealthyGroupScraped(t *testing.T) {
 			m.healthy(t, "after the takeover")
 		}
 	}
+
+	// A stalled leader wakes: its connection freezes (as a stopped
+	// process's), its term is lost on its own clock, its key expires and
+	// the last candidate takes over; then it thaws, and its resign's VDEL
+	// reaches a key fenced by the new leader. That VDEL is refused, not a
+	// service error. (Its renewals during the stall timed out: it was not
+	// healthy then.)
+	stalled := third.m
+	stalled.healthy(t, "before its stall")
+	for len(stalled.stopped) > 0 {
+		<-stalled.stopped // its earlier terms'
+	}
+	stalled.proxy.Blackhole()
+	fourth := next(t, ctx, terms, "leader after the stall")
+	if fourth.m == stalled || fourth.m == second.m {
+		t.Fatalf("%s leads after %s's stall", fourth.m.name, stalled.name)
+	}
+	stalled.proxy.Heal()
+	select {
+	case err := <-stalled.stopped:
+		t.Logf("%s's term ended: %v", stalled.name, err)
+	case <-ctx.Done():
+		t.Fatalf("%s's resign did not return: %v", stalled.name, ctx.Err())
+	}
+	counts, _ := stalled.requests(t)
+	for s, v := range counts {
+		if s.outcome == sskv.OutcomeServiceError || s.outcome == sskv.OutcomeError {
+			t.Errorf("after its stall, %s: %v %s requests with outcome %q (all: %v)", stalled.name, v, s.verb, s.outcome, counts)
+		}
+	}
+	if counts[series{"VDEL", sskv.OutcomeRefused}] < 1 {
+		t.Errorf("after its stall, %s: no refused VDEL (its resign): %v", stalled.name, counts)
+	}
+	fourth.m.healthy(t, "after the stall")
 }
