@@ -18,7 +18,7 @@
 //	dsslock_sskv_connections_total                   counter: connections made (reconnects included)
 //	dsslock_sskv_connection_losses_total             counter: connections lost
 //	dsslock_sskv_connect_failures_total              counter: failed connection attempts
-//	dsslock_sskv_requests_total{verb,outcome}        counter: requests, by verb and outcome (sskv.Outcome*)
+//	dsslock_sskv_requests_total{verb,outcome}        counter: requests, by verb and outcome (see below)
 //	dsslock_sskv_request_duration_seconds{verb}      histogram: request latency
 //	dsslock_sskv_watch_resyncs_total                 counter: watches that resynced after a reconnect
 //	dsslock_leader_leading{election}                 gauge: 1 while this process leads
@@ -31,4 +31,21 @@
 //
 // Label values are the election and lock names a caller passes, and the
 // fixed sets of verbs and outcomes: keys never become labels.
+//
+// The outcome label is one of the sskv.Outcome constants. "ok" and
+// "refused" are a healthy store's answers: "refused" is the store declining
+// a write because of the key's state (a condition not met, a VDEL of
+// another value, a key fenced by another holder), which a follower's
+// campaign meets, and a resign after a lost term. It is contention, not an
+// error: alert on the others (but "canceled", which the caller asked for),
+// e.g.
+//
+//	sum by (verb, outcome) (rate(dsslock_sskv_requests_total{outcome!~"ok|refused|canceled"}[5m])) > 0
+//
+// "service_error" is any other refusal of the store (a clock more than a
+// minute ahead, a quota, not authorized); "timeout" a request whose
+// deadline passed first, "canceled" one its caller cancelled (a shutdown,
+// say); "connection_lost" and "not_sent" a
+// connection lost under a request; "too_large", "closed" and "error" the
+// client's own refusals and failures.
 package dsslockprom

@@ -47,7 +47,7 @@ func New(reg prometheus.Registerer) (*Collectors, error) {
 		connectFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "dsslock_sskv_connect_failures_total", Help: "Failed connection attempts."}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "dsslock_sskv_requests_total", Help: "State store requests, by verb and outcome."}, []string{"verb", "outcome"}),
+			Name: "dsslock_sskv_requests_total", Help: "State store requests, by verb and outcome (ok and refused are answers of a healthy store; refused is contention)."}, []string{"verb", "outcome"}),
 		requestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "dsslock_sskv_request_duration_seconds", Help: "State store request latency.", Buckets: latencyBuckets}, []string{"verb"}),
 		resyncs: prometheus.NewCounter(prometheus.CounterOpts{

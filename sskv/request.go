@@ -356,10 +356,10 @@ func (c *Client) do(ctx context.Context, pin *Conn, v verb, payload []byte, ft h
 
 // doRequest is do with the request's own user properties added by props
 // (tests send raw requests through it).
-func (c *Client) doRequest(ctx context.Context, pin *Conn, v verb, payload []byte, props func(paho.UserProperties) paho.UserProperties) (_ reply, err error) {
+func (c *Client) doRequest(ctx context.Context, pin *Conn, v verb, payload []byte, props func(paho.UserProperties) paho.UserProperties) (rep reply, err error) {
 	if c.cfg.Metrics.Request != nil {
 		start := time.Now()
-		defer func() { c.observeRequest(v, start, err) }()
+		defer func() { c.observeRequest(v, start, rep, err) }()
 	}
 	if c.closed.Load() {
 		return reply{}, ErrClosed
