@@ -132,6 +132,7 @@ type mqttConn struct {
 	rbufErr    error       // the error that came with the bytes read ahead
 	sawAck     bool        // connack is set
 	connack    atomic.Bool // the first packet, a CONNACK, was read whole
+	answered   atomic.Bool // the first packet was read whole; the answer deadline is cleared
 
 	// Packet side, guarded by wmu, which paho holds across each packet.
 	wmu     sync.Mutex
@@ -176,9 +177,13 @@ func (c *mqttConn) Read(p []byte) (int, error) {
 			c.abort()
 			return 0, serr
 		}
-		if !c.sawAck && c.rs.first == pktConnack && (c.rs.packets > 1 || c.rs.packets == 1 && c.rs.atBoundary()) {
-			c.sawAck = true
-			c.connack.Store(true)
+		if !c.answered.Load() && (c.rs.packets > 1 || c.rs.packets == 1 && c.rs.atBoundary()) {
+			if c.rs.first == pktConnack {
+				c.sawAck = true
+				c.connack.Store(true)
+			}
+			_ = c.Conn.SetReadDeadline(time.Time{}) // the server answered: clear Config.HandshakeTimeout's deadline
+			c.answered.Store(true)
 		}
 	}
 	return n, err
@@ -387,15 +392,37 @@ func (c *Client) attemptConnection(ctx context.Context, _ autopaho.ClientConfig,
 			}
 		}
 		tlsConn := tls.Client(raw, tc)
-		if err := tlsConn.HandshakeContext(ctx); err != nil {
+		hctx, hcancel := ctx, context.CancelFunc(func() {})
+		if ht := c.cfg.HandshakeTimeout; ht > 0 {
+			hctx, hcancel = context.WithTimeout(ctx, ht)
+		}
+		err := tlsConn.HandshakeContext(hctx)
+		hcancel()
+		if err != nil {
 			_ = raw.Close()
+			if errors.Is(err, context.DeadlineExceeded) {
+				return nil, &noAnswerError{fmt.Sprintf("connected to %s, but no TLS answer within %v: is it a TLS port?", raw.RemoteAddr(), c.answerBound()), err}
+			}
 			return nil, c.tlsHandshakeError(ctx, u.Host, err)
 		}
 		nc = tlsConn
 	}
 	mc := newMQTTConn(nc, raw, uint32(c.cfg.MaxPacketSize), c.writeTimeout())
+	if ht := c.cfg.HandshakeTimeout; ht > 0 {
+		_ = nc.SetReadDeadline(time.Now().Add(ht)) // cleared by Read once the server answers
+	}
 	c.conn.Store(mc)
 	return mc, nil
+}
+
+// answerBound is how long a connection attempt waits for each answer of the
+// server: HandshakeTimeout when it is shorter than the attempt's bound.
+func (c *Client) answerBound() time.Duration {
+	d := c.connectTimeout()
+	if ht := c.cfg.HandshakeTimeout; ht > 0 && ht < d {
+		d = ht
+	}
+	return d
 }
 
 // connectTimeout bounds one connection attempt, CONNACK included: a live

@@ -269,6 +269,12 @@ func (c *Client) connectError(err error) error {
 		if mc != nil && mc.connack.Load() && !errors.Is(err, ErrNotMQTT) && !errors.Is(err, ErrPacketTooLarge) {
 			return fmt.Errorf("%w: malformed CONNACK: %w", ErrNotMQTT, err)
 		}
+		// The server took the connection and CONNECT, and said nothing
+		// until the attempt's bound (HandshakeTimeout's read deadline, or
+		// the attempt's context).
+		if mc != nil && !mc.answered.Load() && (errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded)) {
+			return &noAnswerError{fmt.Sprintf("connected to %s, but no MQTT answer within %v (no CONNACK to CONNECT): is it an MQTT broker's port?", mc.RemoteAddr(), c.answerBound()), err}
+		}
 		// A server that closes the connection without a word on CONNECT may
 		// be a TLS port: while dialling, find out, so that Dial can say so
 		// at once instead of retrying until its deadline.
