@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -35,6 +36,11 @@ const (
 )
 
 const defaultAddr = "127.0.0.1:1883"
+
+// defaultHandshake is how long a server has to answer once connected, by
+// default: a live broker answers within a ping's time (sskv.DefaultPingTimeout),
+// and a person waits.
+const defaultHandshake = sskv.DefaultPingTimeout
 
 // usageError is a bad command line: run prints it with the usage text and
 // exits with exitUsage.
@@ -60,6 +66,7 @@ type connFlags struct {
 	satFile      string
 	clientID     string
 	timeout      time.Duration
+	handshake    time.Duration
 	verbose      bool
 
 	set map[string]bool // flags given explicitly
@@ -80,6 +87,7 @@ func newConnFlags(cf *connFlags) *flag.FlagSet {
 	fs.StringVar(&cf.satFile, "sat-file", "", "Kubernetes service account token `file` (K8S-SAT authentication)")
 	fs.StringVar(&cf.clientID, "client-id", "", "MQTT client `id` (default: random)")
 	durationFlag(fs, &cf.timeout, "timeout", sskv.DefaultRequestTimeout, "`DURATION` bound of the connection and of each request")
+	durationFlag(fs, &cf.handshake, "handshake-timeout", defaultHandshake, "`DURATION` the server has to answer once connected (the TLS handshake, then MQTT's\nCONNACK): a server that accepts connections but says nothing is reported after it")
 	fs.BoolVar(&cf.verbose, "v", false, "log the client's connection events to stderr")
 	return fs
 }
@@ -545,7 +553,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	c, err := sskv.Dial(dctx, cfg)
 	cancel()
 	if err != nil {
-		return fail(stderr, err)
+		code := fail(stderr, err)
+		dialHint(stderr, cfg.Addr, cf.handshake, err)
+		return code
 	}
 	defer c.Close()
 
@@ -639,6 +649,9 @@ func (cf *connFlags) config(stderr io.Writer) (sskv.Config, error) {
 	if cf.timeout <= 0 {
 		return sskv.Config{}, usagef("-timeout must be positive")
 	}
+	if cf.handshake <= 0 {
+		return sskv.Config{}, usagef("-handshake-timeout must be positive")
+	}
 	var cfg sskv.Config
 	if cf.env {
 		var err error
@@ -696,6 +709,10 @@ func (cf *connFlags) config(stderr io.Writer) (sskv.Config, error) {
 	// A command line wants the first failure's cause at once, not retries
 	// until -timeout (a refused connection, a wrong port, a TLS mismatch).
 	cfg.FailFast = true
+	// And a server that accepts connections but does not answer (no MQTT
+	// broker there, or a stalled one) is named after -handshake-timeout,
+	// not after the attempt's 6 s with a bare "deadline exceeded".
+	cfg.HandshakeTimeout = cf.handshake
 	level := slog.LevelWarn
 	if cf.verbose {
 		level = slog.LevelDebug
@@ -758,6 +775,19 @@ func checkAddr(addr string) error {
 		return usagef("-addr %q: the port must be a number from 1 to 65535", addr)
 	}
 	return nil
+}
+
+// dialHint says what to check after a connection failed, by its cause.
+func dialHint(stderr io.Writer, addr string, handshake time.Duration, err error) {
+	var ce *sskv.ConnectError
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		fmt.Fprintf(stderr, "sskv: nothing listens on %s: is the broker running there, and is -addr right?\n", addr)
+	case errors.Is(err, sskv.ErrNoAnswer):
+		fmt.Fprintf(stderr, "sskv: a broker that is slow to answer needs a longer -handshake-timeout (now %v)\n", handshake)
+	case errors.As(err, &ce) && (ce.ReasonCode == 0x86 || ce.ReasonCode == 0x87 || ce.ReasonCode == 0x8C):
+		fmt.Fprintln(stderr, "sskv: check the credentials: -user and -password-file, or -sat-file\n(with -env: AIO_MQTT_USERNAME, AIO_MQTT_PASSWORD_FILE, AIO_SAT_FILE)")
+	}
 }
 
 // fail prints err and returns the exit status for it.
