@@ -386,9 +386,9 @@ func (c *command) usage(w io.Writer) {
 	fmt.Fprintf(w, "\nRun 'sskv -h' for the connection flags.\n")
 }
 
-// usage prints the usage text; short leaves out the connection flags and
-// examples.
-func usage(w io.Writer, short bool) {
+// usage prints the usage text. (A usage error prints only where to read it:
+// see usageFail.)
+func usage(w io.Writer) {
 	fmt.Fprintf(w, `Usage: sskv [connection flags] COMMAND [arguments]
 
 sskv reads, writes and watches keys of the Azure IoT Operations state store.
@@ -408,10 +408,6 @@ missing key, set not applied, del or vdel of a missing key, vdel of another
 value); lock: COMMAND's status, or 4 if the lock was lost while it ran;
 elect: 4 if leadership was lost.
 `)
-	if short {
-		fmt.Fprintf(w, "\nRun 'sskv -h' for the connection flags and examples.\n")
-		return
-	}
 	fmt.Fprintf(w, "\nConnection flags:\n")
 	fs := newConnFlags(&connFlags{})
 	fs.SetOutput(w)
@@ -477,21 +473,17 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	gfs := newConnFlags(&cf)
 	if err := gfs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			usage(stdout, false)
+			usage(stdout)
 			return exitOK
 		}
-		fmt.Fprintf(stderr, "sskv: %v\n\n", err)
-		usage(stderr, true)
-		return exitUsage
+		return usageFail(stderr, "", err.Error())
 	}
 	cf.set = map[string]bool{}
 	gfs.Visit(func(f *flag.Flag) { cf.set[f.Name] = true })
 
 	args = gfs.Args()
 	if len(args) == 0 {
-		fmt.Fprintf(stderr, "sskv: no command\n\n")
-		usage(stderr, true)
-		return exitUsage
+		return usageFail(stderr, "", "no command (one of "+commandNames()+")")
 	}
 	if args[0] == "version" {
 		fmt.Fprintln(stdout, versionLine("sskv"))
@@ -500,21 +492,17 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if args[0] == "help" {
 		switch {
 		case len(args) == 1 || len(args) == 2 && isHelpFlag(args[1]):
-			usage(stdout, false)
+			usage(stdout)
 		case len(args) == 2 && findCommand(args[1]) != nil:
 			findCommand(args[1]).usage(stdout)
 		default:
-			fmt.Fprintf(stderr, "sskv: help %s: unknown command\n\n", strings.Join(args[1:], " "))
-			usage(stderr, true)
-			return exitUsage
+			return usageFail(stderr, "", fmt.Sprintf("help %s: unknown command (one of %s)", strings.Join(args[1:], " "), commandNames()))
 		}
 		return exitOK
 	}
 	cmd := findCommand(args[0])
 	if cmd == nil {
-		fmt.Fprintf(stderr, "sskv: unknown command %q\n\n", args[0])
-		usage(stderr, true)
-		return exitUsage
+		return usageFail(stderr, "", fmt.Sprintf("unknown command %q (one of %s)", args[0], commandNames()))
 	}
 
 	o := cmdOpts{given: map[string]bool{}}
@@ -529,13 +517,11 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return exitOK
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "sskv: %s: %v\n", cmd.name, err)
+		msg := fmt.Sprintf("%s: %v", cmd.name, err)
 		if name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -"); ok && gfs.Lookup(strings.TrimPrefix(name, "-")) != nil {
-			fmt.Fprintf(stderr, "(-%s is a connection flag: give it before the command)\n", name)
+			msg += fmt.Sprintf("\n(-%s is a connection flag: give it before the command)", name)
 		}
-		fmt.Fprintln(stderr)
-		cmd.usage(stderr)
-		return exitUsage
+		return usageFail(stderr, cmd.name, msg)
 	}
 
 	cfg, err := cf.config(stderr)
@@ -788,6 +774,28 @@ func dialHint(stderr io.Writer, addr string, handshake time.Duration, err error)
 	case errors.As(err, &ce) && (ce.ReasonCode == 0x86 || ce.ReasonCode == 0x87 || ce.ReasonCode == 0x8C):
 		fmt.Fprintln(stderr, "sskv: check the credentials: -user and -password-file, or -sat-file\n(with -env: AIO_MQTT_USERNAME, AIO_MQTT_PASSWORD_FILE, AIO_SAT_FILE)")
 	}
+}
+
+// usageFail prints a usage error, then where to read the usage (that of
+// command cmd, or sskv's when cmd is ""), not the usage itself: the error
+// must not scroll away. It returns exitUsage.
+func usageFail(stderr io.Writer, cmd, msg string) int {
+	fmt.Fprintf(stderr, "sskv: %s\n", msg)
+	if cmd != "" {
+		fmt.Fprintf(stderr, "Run 'sskv help %s' for usage.\n", cmd)
+	} else {
+		fmt.Fprintln(stderr, "Run 'sskv -h' for usage.")
+	}
+	return exitUsage
+}
+
+// commandNames lists the commands, for a usage error.
+func commandNames() string {
+	names := make([]string, 0, len(commands)+2)
+	for _, c := range commands {
+		names = append(names, c.name)
+	}
+	return strings.Join(append(names, "help", "version"), ", ")
 }
 
 // fail prints err and returns the exit status for it.

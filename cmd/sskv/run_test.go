@@ -212,7 +212,7 @@ func TestBadUsage(t *testing.T) {
 		args []string
 		want string
 	}{
-		{nil, "sskv: no command\n"},
+		{nil, "sskv: no command (one of get, set"},
 		{[]string{"frob"}, `unknown command "frob"`},
 		{[]string{"-nosuchflag", "get", "k"}, "flag provided but not defined: -nosuchflag"},
 		{[]string{"get"}, "sskv: get: missing arguments"},
@@ -243,11 +243,22 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"-sat-file", "t", "-password-file", "p", "get", "k"}, "-sat-file and -password-file exclude each other"},
 	} {
 		o := sskvRun(t, tc.args...)
-		if o.code != exitUsage || o.stdout != "" || !strings.Contains(o.stderr, tc.want) || !strings.Contains(o.stderr, "Usage") && !strings.Contains(o.stderr, "usage") {
-			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit 2 and usage with %q", tc.args, o.code, o.stdout, o.stderr, tc.want)
+		if o.code != exitUsage || o.stdout != "" || !strings.Contains(o.stderr, tc.want) {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit 2 and %q", tc.args, o.code, o.stdout, o.stderr, tc.want)
+		}
+		// The error first, then where to read the usage: not the whole
+		// help, which scrolled the error away.
+		lines := strings.Split(strings.TrimSuffix(o.stderr, "\n"), "\n")
+		if !strings.HasPrefix(o.stderr, "sskv: ") || len(lines) > 2 && !strings.HasPrefix(lines[1], "(-") || len(lines) > 3 || !usagePointer.MatchString(lines[len(lines)-1]) {
+			t.Errorf("%q: stderr %q; want the error, then \"Run 'sskv help CMD' for usage.\"", tc.args, o.stderr)
 		}
 	}
+	// The pointer names the command whose usage was wrong.
+	sskvRun(t, "get").want(t, exitUsage, "", "sskv: get: missing arguments (want [-raw] KEY)\nRun 'sskv help get' for usage.\n")
+	sskvRun(t, "frob").want(t, exitUsage, "", "(one of get, set, del, vdel, watch, lock, elect, help, version)\nRun 'sskv -h' for usage.\n")
 }
+
+var usagePointer = regexp.MustCompile(`^Run 'sskv (-h|help [a-z]+)' for usage\.$`)
 
 func TestHelp(t *testing.T) {
 	for _, tc := range []struct {
