@@ -166,9 +166,13 @@ var commands = []*command{
 		name:    "get",
 		args:    "[-raw] KEY",
 		summary: "print the value and version of KEY",
-		doc: `Prints the value of KEY on one line, then "(version V)".
-A value that is not printable UTF-8 (or is empty) is printed quoted, Go-style.
-A missing key prints "(not found)" to stderr and exits with status 3.`,
+		doc: `Prints the value of KEY on one line, then "(version V)"; with -raw, the
+value's bytes alone. A value that is not printable UTF-8 (or is empty) is
+printed quoted, Go-style. A missing key prints nothing on stdout and
+NOT FOUND on stderr (stdout carries the value alone, and a value may read
+NOT FOUND), and exits with status 3, as del and vdel of a missing key do:
+
+	if v=$(sskv get -raw KEY); then ...; elif [ $? = 3 ]; then ...missing...; fi`,
 		flags: func(fs *flag.FlagSet, o *cmdOpts) {
 			fs.BoolVar(&o.raw, "raw", false, "write the value's bytes exactly, and nothing else")
 		},
@@ -402,6 +406,11 @@ Commands:
           show the help of COMMAND
   version
           print the version of sskv
+
+Output: stdout carries each command's result, stderr the rest. set, del
+and vdel print their outcome there (OK, NOT APPLIED, DELETED, NOT FOUND,
+VALUE DIFFERS); get prints the value alone, so a missing key prints
+NOT FOUND on stderr instead. Scripts can rely on the exit status:
 
 Exit status: 0 done; 1 error; 2 bad usage; 3 condition not met (get of a
 missing key, set not applied, del or vdel of a missing key, vdel of another
@@ -816,7 +825,7 @@ func get(ctx context.Context, c *sskv.Client, key string, raw bool, stdout, stde
 		return fail(stderr, err)
 	}
 	if !res.Found {
-		fmt.Fprintln(stderr, "(not found)")
+		fmt.Fprintln(stderr, "NOT FOUND") // stdout carries the value alone: a value may read NOT FOUND
 		return exitNotMet
 	}
 	if raw {

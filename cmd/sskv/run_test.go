@@ -98,7 +98,15 @@ func TestGetSetDel(t *testing.T) {
 	a := []string{"-addr", startStore(t, localstore.Config{}).Addr()}
 	cmd := func(args ...string) []string { return append(append([]string(nil), a...), args...) }
 
-	sskvRun(t, cmd("get", "k")...).want(t, exitNotMet, "", "(not found)\n")
+	// A missing key: get says it in del's words, on stderr, since its
+	// stdout is the value alone; the exit status tells a script.
+	if o := sskvRun(t, cmd("get", "-raw", "k")...); o.code != exitNotMet || o.stdout != "" || o.stderr != "NOT FOUND\n" {
+		t.Fatalf("get of a missing key: exit %d, stdout %q, stderr %q; want 3, nothing, NOT FOUND", o.code, o.stdout, o.stderr)
+	}
+	sskvRun(t, cmd("del", "k")...).want(t, exitNotMet, "NOT FOUND\n", "")
+	setOK(t, cmd("set", "k", "NOT FOUND")...) // a value that reads like it: on stdout, status 0
+	sskvRun(t, cmd("get", "-raw", "k")...).want(t, exitOK, "NOT FOUND", "")
+	sskvRun(t, cmd("del", "k")...)
 
 	v := setOK(t, cmd("set", "k", "hello world")...)
 	sskvRun(t, cmd("get", "k")...).want(t, exitOK, "hello world\n(version "+v+")\n", "")
@@ -107,7 +115,7 @@ func TestGetSetDel(t *testing.T) {
 
 	sskvRun(t, cmd("del", "k")...).want(t, exitOK, "DELETED "+v+"\n", "")
 	sskvRun(t, cmd("del", "k")...).want(t, exitNotMet, "NOT FOUND\n", "")
-	sskvRun(t, cmd("get", "k")...).want(t, exitNotMet, "", "(not found)")
+	sskvRun(t, cmd("get", "k")...).want(t, exitNotMet, "", "NOT FOUND")
 
 	// Values that are not printable, or would be ambiguous, are quoted.
 	v = setOK(t, cmd("set", "bin", "a\x00\xff\n")...)
@@ -147,7 +155,7 @@ func TestVDel(t *testing.T) {
 	v := setOK(t, cmd("set", "lock", "me")...)
 	sskvRun(t, cmd("vdel", "lock", "you")...).want(t, exitNotMet, "VALUE DIFFERS (current version "+v+")\n", "")
 	sskvRun(t, cmd("vdel", "lock", "me")...).want(t, exitOK, "DELETED "+v+"\n", "")
-	sskvRun(t, cmd("get", "lock")...).want(t, exitNotMet, "", "(not found)")
+	sskvRun(t, cmd("get", "lock")...).want(t, exitNotMet, "", "NOT FOUND")
 }
 
 func TestFencing(t *testing.T) {
@@ -268,6 +276,8 @@ func TestHelp(t *testing.T) {
 		{[]string{"-h"}, []string{"Commands:", "Connection flags:", "-insecure-skip-verify", "Examples:", "Exit status"}},
 		{[]string{"help"}, []string{"Commands:", "Connection flags:"}},
 		{[]string{"help", "set"}, []string{"sskv [connection flags] set KEY VALUE", "-nx", "-px DURATION", "NOT APPLIED"}},
+		{[]string{"help", "get"}, []string{"prints nothing on stdout and\nNOT FOUND on stderr", "status 3"}},
+		{[]string{"-h"}, []string{"get prints the value alone, so a missing key prints\nNOT FOUND on stderr"}},
 		{[]string{"set", "-h"}, []string{"-nex", "-file"}},
 		{[]string{"watch", "-help"}, []string{"(resync)"}},
 	} {
