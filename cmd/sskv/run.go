@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -230,7 +231,13 @@ or "VALUE DIFFERS (current version V)" (both exit status 3).`,
 
 TIME is when the change was received, OP is SET or DELETE, VALUE is "-" for
 DELETE, and is quoted, Go-style, when it is not printable UTF-8 or holds a
-space; VERSION is "-" when unknown. "(resync)" marks a line that sums up
+space; VERSION is "-" when unknown. The record of an election ("sskv elect",
+package leader), or of a lock with lock.Config.FenceKey, is shown decoded:
+
+	[holder=ID,token=T,value=V]    ID holds it; T is its fencing token
+	[holder=ID,acquiring,value=V]  ID is taking it (its token comes next)
+
+and any other value that starts with '[' is quoted, so none passes for one. "(resync)" marks a line that sums up
 changes not seen one by one (during a reconnect, or when the output was
 too slow). Changes made before the watch started are not printed.`,
 		minArgs: 1, maxArgs: -1,
@@ -972,7 +979,11 @@ func eventLine(t time.Time, ev sskv.Event) string {
 	b.WriteString(ev.Op.String())
 	b.WriteByte(' ')
 	if ev.Op == sskv.OpSet {
-		b.WriteString(showValue(ev.Value, true))
+		if rec, ok := lockRecord(ev.Value); ok {
+			b.WriteString(rec)
+		} else {
+			b.WriteString(showValue(ev.Value, true))
+		}
 	} else {
 		b.WriteByte('-')
 	}
@@ -989,13 +1000,66 @@ func eventLine(t time.Time, ev sskv.Event) string {
 	return b.String()
 }
 
+// lockRecord renders v, when it is the record of a lock with
+// lock.Config.FenceKey (every election's key holds one), as one field:
+//
+//	[holder=ID,token=T,value=V]    held: T is the holder's fencing token
+//	[holder=ID,acquiring,value=V]  ID is taking the key; its token comes next
+//
+// ID and V are quoted, Go-style, unless they are printable and hold no
+// space, comma, bracket or quote. It reports false for any other value.
+func lockRecord(v []byte) (string, bool) {
+	id, rest, ok := bytes.Cut(v, []byte{'\n'})
+	if !ok || len(id) == 0 {
+		return "", false
+	}
+	tok, val, ok := bytes.Cut(rest, []byte{'\n'})
+	if !ok {
+		return "", false
+	}
+	var state string
+	if h := lock.ParseHolder(v, hlc.Timestamp{}); !h.Token.IsZero() {
+		state = "token=" + h.Token.String()
+	} else if nonce, ok := bytes.CutPrefix(tok, []byte{'~'}); ok && len(nonce) > 0 && isHex(nonce) {
+		state = "acquiring" // the record of an acquisition under way, or of a reservation for ID
+	} else {
+		return "", false
+	}
+	return "[holder=" + recordPart(id) + "," + state + ",value=" + recordPart(val) + "]", true
+}
+
+func isHex(b []byte) bool {
+	for _, c := range b {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// recordPart shows a part of a decoded lock record: as is when it cannot be
+// mistaken for the record's punctuation, quoted otherwise.
+func recordPart(b []byte) string {
+	s := string(b)
+	if s == "" || !utf8.ValidString(s) || strings.ContainsAny(s, `,[]"`) {
+		return strconv.Quote(s)
+	}
+	for _, r := range s {
+		if !unicode.IsPrint(r) || unicode.IsSpace(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
+}
+
 // showValue returns v as is when it is printable UTF-8, and quoted Go-style
 // otherwise. Empty values, and values that start with '"', are quoted too,
 // so that what is printed is never ambiguous; inLine also quotes values
-// with a space, for one-line records.
+// with a space, for one-line records, and values that start with '[', which
+// there marks a decoded lock record (see lockRecord).
 func showValue(v []byte, inLine bool) string {
 	s := string(v)
-	if s == "" || s[0] == '"' || !utf8.ValidString(s) {
+	if s == "" || s[0] == '"' || inLine && s[0] == '[' || !utf8.ValidString(s) {
 		return strconv.Quote(s)
 	}
 	for _, r := range s {
