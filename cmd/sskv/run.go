@@ -237,9 +237,10 @@ package leader), or of a lock with lock.Config.FenceKey, is shown decoded:
 	[holder=ID,token=T,value=V]    ID holds it; T is its fencing token
 	[holder=ID,acquiring,value=V]  ID is taking it (its token comes next)
 
-and any other value that starts with '[' is quoted, so none passes for one. "(resync)" marks a line that sums up
-changes not seen one by one (during a reconnect, or when the output was
-too slow). Changes made before the watch started are not printed.`,
+and any other value that starts with '[' is quoted, so none passes for one.
+"(resync)" marks a line that sums up changes not seen one by one (during a
+reconnect, or when the output was too slow). Changes made before the watch
+started are not printed.`,
 		minArgs: 1, maxArgs: -1,
 	},
 	{
