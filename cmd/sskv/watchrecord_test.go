@@ -3,11 +3,14 @@ package main
 import (
 	"context"
 	"regexp"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/dsslock/dsslock/hlc"
 	"github.com/dsslock/dsslock/leader"
+	"github.com/dsslock/dsslock/lock"
 	"github.com/dsslock/dsslock/sskv"
 	"github.com/dsslock/dsslock/sskv/localstore"
 )
@@ -68,4 +71,72 @@ func TestLockRecordLine(t *testing.T) {
 			t.Errorf("value %q: got %q, want %q", tc.value, got, want)
 		}
 	}
+}
+
+// FuzzLockRecord: any value a watch receives is printed on one line; a lock
+// record, decoded, reads back as the record's parts, and any other value
+// is printed as before and cannot pass for a decoded record.
+func FuzzLockRecord(f *testing.F) {
+	f.Add([]byte("me\n001735787045000:00001:statestore\n10.0.0.5:8080"))
+	f.Add([]byte("me\n~0123456789abcdef\nv"))
+	f.Add([]byte("[holder=x,acquiring,value=y]"))
+	f.Add([]byte("a b\n~00\n\xff,]"))
+	f.Fuzz(func(t *testing.T, v []byte) {
+		line := eventLine(time.Time{}, sskv.Event{Key: "k", Op: sskv.OpSet, Value: v})
+		if strings.Count(line, "\n") != 1 || !strings.HasSuffix(line, " -\n") {
+			t.Fatalf("value %q: line %q", v, line)
+		}
+		field := strings.TrimSuffix(strings.TrimPrefix(line, "0001-01-01T00:00:00.000Z k SET "), " -\n")
+		rec, ok := lockRecord(v)
+		if !ok {
+			if field != showValue(v, true) || strings.HasPrefix(field, "[") {
+				t.Fatalf("value %q printed as %q", v, field)
+			}
+			return
+		}
+		if field != rec {
+			t.Fatalf("value %q printed as %q, not as its record %q", v, field, rec)
+		}
+		// The parts read back.
+		id, state, val := readRecord(t, field)
+		h := lock.ParseHolder(v, hlc.Timestamp{})
+		wantState := "acquiring"
+		if !h.Token.IsZero() {
+			wantState = "token=" + h.Token.String()
+		}
+		if id != h.ID || val != string(h.Value) || state != wantState {
+			t.Fatalf("value %q printed as %q: reads back as %q %q %q", v, field, id, state, val)
+		}
+	})
+}
+
+// readRecord reads a decoded record back, as a script would: each part is
+// plain, or quoted Go-style.
+func readRecord(t *testing.T, s string) (id, state, val string) {
+	t.Helper()
+	part := func(s string) (string, string) {
+		if q, err := strconv.QuotedPrefix(s); err == nil {
+			u, _ := strconv.Unquote(q)
+			return u, s[len(q):]
+		}
+		i := strings.IndexAny(s, ",]")
+		if i < 0 {
+			t.Fatalf("record part %q does not end", s)
+		}
+		return s[:i], s[i:]
+	}
+	rest, ok := strings.CutPrefix(s, "[holder=")
+	if !ok {
+		t.Fatalf("record %q", s)
+	}
+	id, rest = part(rest)
+	state, rest, ok = strings.Cut(strings.TrimPrefix(rest, ","), ",value=")
+	if !ok {
+		t.Fatalf("record %q", s)
+	}
+	val, rest = part(rest)
+	if rest != "]" {
+		t.Fatalf("record %q ends with %q", s, rest)
+	}
+	return id, state, val
 }
