@@ -129,10 +129,11 @@ type mqttConn struct {
 	rerr       error
 	rbuf       []byte // read ahead: rbuf[rpos:rend] is not yet handed to paho
 	rpos, rend int
-	rbufErr    error       // the error that came with the bytes read ahead
-	sawAck     bool        // connack is set
-	connack    atomic.Bool // the first packet, a CONNACK, was read whole
-	answered   atomic.Bool // the first packet was read whole; the answer deadline is cleared
+	rbufErr    error         // the error that came with the bytes read ahead
+	sawAck     bool          // connack is set
+	connack    atomic.Bool   // the first packet, a CONNACK, was read whole
+	answered   atomic.Bool   // the first packet was read whole; the answer deadline is cleared
+	answerBy   time.Duration // how long the attempt waits for the server's answer (see Client.answerBound)
 
 	// Packet side, guarded by wmu, which paho holds across each packet.
 	wmu     sync.Mutex
@@ -377,6 +378,7 @@ func (c *Client) attemptConnection(ctx context.Context, _ autopaho.ClientConfig,
 	c.conn.Store(nil)
 	ctx, cancel := context.WithTimeout(ctx, c.connectTimeout())
 	defer cancel()
+	answerBy := c.answerBound()
 	var d net.Dialer
 	raw, err := d.DialContext(ctx, "tcp", u.Host)
 	if err != nil {
@@ -392,34 +394,35 @@ func (c *Client) attemptConnection(ctx context.Context, _ autopaho.ClientConfig,
 			}
 		}
 		tlsConn := tls.Client(raw, tc)
-		hctx, hcancel := ctx, context.CancelFunc(func() {})
-		if ht := c.cfg.HandshakeTimeout; ht > 0 {
-			hctx, hcancel = context.WithTimeout(ctx, ht)
-		}
+		hctx, hcancel := context.WithTimeout(ctx, answerBy)
 		err := tlsConn.HandshakeContext(hctx)
 		hcancel()
 		if err != nil {
 			_ = raw.Close()
 			if errors.Is(err, context.DeadlineExceeded) {
-				return nil, &noAnswerError{fmt.Sprintf("connected to %s, but no TLS answer within %v: is it a TLS port?", raw.RemoteAddr(), c.answerBound()), err}
+				return nil, &noAnswerError{fmt.Sprintf("connected to %s, but no TLS answer within %v: is it a TLS port?", raw.RemoteAddr(), answerBy), err}
 			}
 			return nil, c.tlsHandshakeError(ctx, u.Host, err)
 		}
 		nc = tlsConn
 	}
 	mc := newMQTTConn(nc, raw, uint32(c.cfg.MaxPacketSize), c.writeTimeout())
-	if ht := c.cfg.HandshakeTimeout; ht > 0 {
-		_ = nc.SetReadDeadline(time.Now().Add(ht)) // cleared by Read once the server answers
+	mc.answerBy = answerBy
+	if answerBy < c.connectTimeout() {
+		_ = nc.SetReadDeadline(time.Now().Add(answerBy)) // cleared by Read once the server answers
 	}
 	c.conn.Store(mc)
 	return mc, nil
 }
 
 // answerBound is how long a connection attempt waits for each answer of the
-// server: HandshakeTimeout when it is shorter than the attempt's bound.
+// server (the TLS handshake, CONNACK): Config.HandshakeTimeout in Dial's
+// attempts, when it is shorter than the attempt's own bound. Reconnections
+// wait as long as ever: a broker slow to answer after an outage is not cut
+// short.
 func (c *Client) answerBound() time.Duration {
 	d := c.connectTimeout()
-	if ht := c.cfg.HandshakeTimeout; ht > 0 && ht < d {
+	if ht := c.cfg.HandshakeTimeout; ht > 0 && ht < d && c.state.Load().gen == 0 {
 		d = ht
 	}
 	return d

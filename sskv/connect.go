@@ -273,7 +273,7 @@ func (c *Client) connectError(err error) error {
 		// until the attempt's bound (HandshakeTimeout's read deadline, or
 		// the attempt's context).
 		if mc != nil && !mc.answered.Load() && (errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded)) {
-			return &noAnswerError{fmt.Sprintf("connected to %s, but no MQTT answer within %v (no CONNACK to CONNECT): is it an MQTT broker's port?", mc.RemoteAddr(), c.answerBound()), err}
+			return &noAnswerError{fmt.Sprintf("connected to %s, but no MQTT answer within %v (no CONNACK to CONNECT): is it an MQTT broker's port?", mc.RemoteAddr(), mc.answerBy), err}
 		}
 		// A server that closes the connection without a word on CONNECT may
 		// be a TLS port: while dialling, find out, so that Dial can say so

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dsslock/dsslock/faultproxy"
 	"github.com/dsslock/dsslock/internal/testtls"
 	"github.com/dsslock/dsslock/sskv"
 	"github.com/dsslock/dsslock/sskv/localstore"
@@ -83,5 +84,32 @@ func TestHandshakeTimeoutSparesLiveConnection(t *testing.T) {
 			t.Errorf("%s: the connection went down %d times", cfg.Addr, n)
 		}
 		_ = c.Close()
+	}
+}
+
+// HandshakeTimeout bounds Dial's attempts only: a reconnection to a broker
+// that answers slower than it (here a 400 ms round trip, four times
+// HandshakeTimeout) still gets through.
+func TestHandshakeTimeoutSparesReconnect(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	p := startProxy(t, srv, faultproxy.Options{})
+	var ups atomic.Int32
+	var noAnswer atomic.Int32
+	c := dial(t, srv, viaProxy(p), func(cfg *sskv.Config) {
+		cfg.HandshakeTimeout, cfg.FailFast = 100*time.Millisecond, true
+		cfg.Metrics.ConnectionUp = func(uint64) { ups.Add(1) }
+		cfg.Metrics.ConnectFailed = func(err error) {
+			if errors.Is(err, sskv.ErrNoAnswer) {
+				noAnswer.Add(1)
+			}
+		}
+	})
+	p.SetDelay(200 * time.Millisecond)
+	p.Cut()
+	if _, err := c.Set(testCtx(t), "k", []byte("v"), sskv.SetOptions{}); err != nil {
+		t.Fatalf("Set after the reconnect: %v", err)
+	}
+	if n, m := ups.Load(), noAnswer.Load(); n < 2 || m != 0 {
+		t.Errorf("%d connections, %d attempts cut short by HandshakeTimeout; want a reconnect, none cut short", n, m)
 	}
 }
