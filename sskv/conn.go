@@ -130,7 +130,6 @@ type mqttConn struct {
 	rbuf       []byte // read ahead: rbuf[rpos:rend] is not yet handed to paho
 	rpos, rend int
 	rbufErr    error         // the error that came with the bytes read ahead
-	sawAck     bool          // connack is set
 	connack    atomic.Bool   // the first packet, a CONNACK, was read whole
 	answered   atomic.Bool   // the first packet was read whole; the answer deadline is cleared
 	answerBy   time.Duration // how long the attempt waits for the server's answer (see Client.answerBound)
@@ -180,7 +179,6 @@ func (c *mqttConn) Read(p []byte) (int, error) {
 		}
 		if !c.answered.Load() && (c.rs.packets > 1 || c.rs.packets == 1 && c.rs.atBoundary()) {
 			if c.rs.first == pktConnack {
-				c.sawAck = true
 				c.connack.Store(true)
 			}
 			_ = c.Conn.SetReadDeadline(time.Time{}) // the server answered: clear Config.HandshakeTimeout's deadline
