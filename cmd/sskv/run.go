@@ -418,7 +418,7 @@ Commands:
 Output: stdout carries each command's result, stderr the rest. set, del
 and vdel print their outcome there (OK, NOT APPLIED, DELETED, NOT FOUND,
 VALUE DIFFERS); get prints the value alone, so a missing key prints
-NOT FOUND on stderr instead. Scripts can rely on the exit status:
+NOT FOUND on stderr instead. The exit status tells the outcomes apart.
 
 Exit status: 0 done; 1 error; 2 bad usage; 3 condition not met (get of a
 missing key, set not applied, del or vdel of a missing key, vdel of another
