@@ -154,9 +154,11 @@ func newClient(cfg Config) (*Client, error) {
 // most a second when the server closes the connection on the client's
 // first packet), or a host name that does not exist
 // (*net.DNSError with IsNotFound). A refused TCP connection is retried (the
-// broker may be starting), unless cfg.FailFast is set, which ends Dial on
-// any failed attempt. An invalid cfg is reported at once with an error
-// wrapping [ErrConfig].
+// broker may be starting), and so is a server that accepts the connection
+// but does not answer ([ErrNoAnswer], "connected to ADDR, but no MQTT
+// answer", after cfg.HandshakeTimeout or the attempt's own bound), unless
+// cfg.FailFast is set, which ends Dial on any failed attempt. An invalid
+// cfg is reported at once with an error wrapping [ErrConfig].
 //
 // After Dial returns, the client reconnects by itself whenever the connection
 // drops, with a jittered exponential backoff, until Close.
