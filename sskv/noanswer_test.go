@@ -65,7 +65,7 @@ func TestHandshakeTimeoutSparesLiveConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := startStore(t, localstore.Config{TLS: &tls.Config{Certificates: []tls.Certificate{cert}}})
-	const ht = 100 * time.Millisecond
+	const ht = 300 * time.Millisecond // long enough for a handshake on a loaded machine
 	for _, cfg := range []sskv.Config{{Addr: srv.Addr()}, {Addr: srv.TLSAddr(), TLS: &tls.Config{RootCAs: pool}}} {
 		var downs atomic.Int32
 		cfg.ClientID, cfg.HandshakeTimeout, cfg.FailFast = testID(t), ht, true
@@ -76,9 +76,9 @@ func TestHandshakeTimeoutSparesLiveConnection(t *testing.T) {
 		}
 		// Idle for many HandshakeTimeouts: a deadline left on the socket
 		// would end the connection at the first of them.
-		<-time.After(10 * ht)
+		<-time.After(4 * ht)
 		if _, err := c.Set(testCtx(t), "k", []byte("v"), sskv.SetOptions{}); err != nil {
-			t.Errorf("Set after %v idle: %v", 10*ht, err)
+			t.Errorf("Set after %v idle: %v", 4*ht, err)
 		}
 		if n := downs.Load(); n != 0 {
 			t.Errorf("%s: the connection went down %d times", cfg.Addr, n)
@@ -88,15 +88,15 @@ func TestHandshakeTimeoutSparesLiveConnection(t *testing.T) {
 }
 
 // HandshakeTimeout bounds Dial's attempts only: a reconnection to a broker
-// that answers slower than it (here a 400 ms round trip, four times
-// HandshakeTimeout) still gets through.
+// that answers slower than it (here an 800 ms round trip, with a
+// HandshakeTimeout of 300 ms) still gets through.
 func TestHandshakeTimeoutSparesReconnect(t *testing.T) {
 	srv := startStore(t, localstore.Config{})
 	p := startProxy(t, srv, faultproxy.Options{})
 	var ups atomic.Int32
 	var noAnswer atomic.Int32
 	c := dial(t, srv, viaProxy(p), func(cfg *sskv.Config) {
-		cfg.HandshakeTimeout, cfg.FailFast = 100*time.Millisecond, true
+		cfg.HandshakeTimeout, cfg.FailFast = 300*time.Millisecond, true
 		cfg.Metrics.ConnectionUp = func(uint64) { ups.Add(1) }
 		cfg.Metrics.ConnectFailed = func(err error) {
 			if errors.Is(err, sskv.ErrNoAnswer) {
@@ -104,7 +104,7 @@ func TestHandshakeTimeoutSparesReconnect(t *testing.T) {
 			}
 		}
 	})
-	p.SetDelay(200 * time.Millisecond)
+	p.SetDelay(400 * time.Millisecond)
 	p.Cut()
 	if _, err := c.Set(testCtx(t), "k", []byte("v"), sskv.SetOptions{}); err != nil {
 		t.Fatalf("Set after the reconnect: %v", err)
