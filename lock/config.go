@@ -123,6 +123,11 @@ func configErr(format string, args ...any) error {
 // clientID: the id, a slash and 16 random hex digits.
 func defaultHolderID(clientID string) string { return clientID + "/" + randomHex(8) }
 
+// minDefaultTTL is the shortest TTL whose default RenewInterval and
+// RenewDeadline (a third and two thirds of it, in whole milliseconds) satisfy
+// 0 < RenewInterval < RenewDeadline < TTL. (A real network needs far more.)
+const minDefaultTTL = 3 * time.Millisecond
+
 // withDefaults validates cfg and fills in its defaults. clientID is the id of
 // the sskv client, the prefix of the default HolderID.
 func (cfg Config) withDefaults(clientID string) (Config, error) {
@@ -143,6 +148,10 @@ func (cfg Config) withDefaults(clientID string) (Config, error) {
 	}
 	if cfg.TTL == 0 {
 		cfg.TTL = DefaultTTL
+	}
+	if cfg.RenewInterval == 0 && cfg.RenewDeadline == 0 && cfg.TTL%time.Millisecond == 0 && cfg.TTL < minDefaultTTL {
+		// Only TTL was set: name it, not the fields derived from it.
+		return cfg, configErr("TTL %v is too short: with the default RenewInterval (TTL/3) and RenewDeadline (2/3 TTL), in whole milliseconds, it must be at least %v", cfg.TTL, minDefaultTTL)
 	}
 	if cfg.RenewInterval == 0 {
 		cfg.RenewInterval = (cfg.TTL / 3).Truncate(time.Millisecond)

@@ -123,7 +123,11 @@ func TestConfigValidation(t *testing.T) {
 		{lock.Config{Name: "l", TTL: 1500 * time.Microsecond}, "TTL 1.5ms is not a positive whole number of milliseconds"},
 		{lock.Config{Name: "l", TTL: time.Second, RenewDeadline: time.Second}, "RenewDeadline 1s must be less than TTL 1s"},
 		{lock.Config{Name: "l", TTL: time.Second, RenewInterval: 700 * time.Millisecond}, "RenewInterval 700ms must be less than RenewDeadline 666ms"},
-		{lock.Config{Name: "l", TTL: 2 * time.Millisecond}, "RenewInterval"},
+		// Only TTL is set: the error names it, not the RenewInterval
+		// derived from it.
+		{lock.Config{Name: "l", TTL: 2 * time.Millisecond}, "TTL 2ms is too short: with the default RenewInterval (TTL/3) and RenewDeadline (2/3 TTL), in whole milliseconds, it must be at least 3ms"},
+		{lock.Config{Name: "l", TTL: time.Millisecond}, "TTL 1ms is too short"},
+		{lock.Config{Name: "l", TTL: 2 * time.Millisecond, RenewInterval: time.Millisecond}, "RenewInterval 1ms must be less than RenewDeadline 1ms"},
 	} {
 		_, err := lock.New(c, tc.cfg)
 		if !errors.Is(err, lock.ErrConfig) || !strings.Contains(err.Error(), tc.want) {
@@ -132,6 +136,9 @@ func TestConfigValidation(t *testing.T) {
 	}
 	if _, err := lock.New(nil, lock.Config{Name: "l"}); !errors.Is(err, lock.ErrConfig) {
 		t.Errorf("New(nil client) = %v; want ErrConfig", err)
+	}
+	if _, err := lock.New(c, lock.Config{Name: "l", TTL: 3 * time.Millisecond}); err != nil {
+		t.Errorf("the shortest TTL the error names: %v", err)
 	}
 	l, err := lock.New(c, lock.Config{Name: "l", TTL: 3 * time.Second})
 	if err != nil {

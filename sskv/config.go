@@ -98,6 +98,19 @@ type Config struct {
 	// [Dial]).
 	FailFast bool
 
+	// HandshakeTimeout, when positive, bounds each wait of Dial's
+	// connection attempts for the server's answer once the TCP connection
+	// is up: the TLS handshake (with TLS), then the answer to CONNECT. A
+	// server silent that long fails the attempt with [ErrNoAnswer]. Zero:
+	// only the attempt's own bound, min(RequestTimeout,
+	// KeepAlive+PingTimeout). A command-line tool sets it short, with
+	// FailFast, so that an address that accepts connections but is no MQTT
+	// broker is named at once: sskv uses 1 s, as a live broker answers
+	// within a ping's time (PingTimeout). Reconnections after Dial has
+	// returned are not affected: a broker slow to answer after an outage
+	// is not cut short. A negative value is an error.
+	HandshakeTimeout time.Duration
+
 	// SessionExpiry is how long the broker keeps the session after the
 	// connection drops (whole seconds). It must be positive: the session is
 	// what carries a request in flight, and its response, across a reconnect.
@@ -214,6 +227,9 @@ func (cfg Config) withDefaults(needAddr bool) (Config, error) {
 		cfg.SessionExpiry = DefaultSessionExpiry
 	case cfg.SessionExpiry < time.Second:
 		return cfg, configErr("SessionExpiry %v is less than one second", cfg.SessionExpiry)
+	}
+	if cfg.HandshakeTimeout < 0 {
+		return cfg, configErr("negative HandshakeTimeout %v", cfg.HandshakeTimeout)
 	}
 	if cfg.RequestTimeout < 0 {
 		return cfg, configErr("negative RequestTimeout %v", cfg.RequestTimeout)

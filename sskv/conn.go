@@ -129,9 +129,10 @@ type mqttConn struct {
 	rerr       error
 	rbuf       []byte // read ahead: rbuf[rpos:rend] is not yet handed to paho
 	rpos, rend int
-	rbufErr    error       // the error that came with the bytes read ahead
-	sawAck     bool        // connack is set
-	connack    atomic.Bool // the first packet, a CONNACK, was read whole
+	rbufErr    error         // the error that came with the bytes read ahead
+	connack    atomic.Bool   // the first packet, a CONNACK, was read whole
+	answered   atomic.Bool   // the first packet was read whole; the answer deadline is cleared
+	answerBy   time.Duration // how long the attempt waits for the server's answer (see Client.answerBound)
 
 	// Packet side, guarded by wmu, which paho holds across each packet.
 	wmu     sync.Mutex
@@ -176,9 +177,12 @@ func (c *mqttConn) Read(p []byte) (int, error) {
 			c.abort()
 			return 0, serr
 		}
-		if !c.sawAck && c.rs.first == pktConnack && (c.rs.packets > 1 || c.rs.packets == 1 && c.rs.atBoundary()) {
-			c.sawAck = true
-			c.connack.Store(true)
+		if !c.answered.Load() && (c.rs.packets > 1 || c.rs.packets == 1 && c.rs.atBoundary()) {
+			if c.rs.first == pktConnack {
+				c.connack.Store(true)
+			}
+			_ = c.Conn.SetReadDeadline(time.Time{}) // the server answered: clear Config.HandshakeTimeout's deadline
+			c.answered.Store(true)
 		}
 	}
 	return n, err
@@ -372,6 +376,7 @@ func (c *Client) attemptConnection(ctx context.Context, _ autopaho.ClientConfig,
 	c.conn.Store(nil)
 	ctx, cancel := context.WithTimeout(ctx, c.connectTimeout())
 	defer cancel()
+	answerBy := c.answerBound()
 	var d net.Dialer
 	raw, err := d.DialContext(ctx, "tcp", u.Host)
 	if err != nil {
@@ -387,15 +392,38 @@ func (c *Client) attemptConnection(ctx context.Context, _ autopaho.ClientConfig,
 			}
 		}
 		tlsConn := tls.Client(raw, tc)
-		if err := tlsConn.HandshakeContext(ctx); err != nil {
+		hctx, hcancel := context.WithTimeout(ctx, answerBy)
+		err := tlsConn.HandshakeContext(hctx)
+		hcancel()
+		if err != nil {
 			_ = raw.Close()
+			if errors.Is(err, context.DeadlineExceeded) {
+				return nil, &noAnswerError{fmt.Sprintf("connected to %s, but no TLS answer within %v: is it a TLS port?", raw.RemoteAddr(), answerBy), err}
+			}
 			return nil, c.tlsHandshakeError(ctx, u.Host, err)
 		}
 		nc = tlsConn
 	}
 	mc := newMQTTConn(nc, raw, uint32(c.cfg.MaxPacketSize), c.writeTimeout())
+	mc.answerBy = answerBy
+	if answerBy < c.connectTimeout() {
+		_ = nc.SetReadDeadline(time.Now().Add(answerBy)) // cleared by Read once the server answers
+	}
 	c.conn.Store(mc)
 	return mc, nil
+}
+
+// answerBound is how long a connection attempt waits for each answer of the
+// server (the TLS handshake, CONNACK): Config.HandshakeTimeout in Dial's
+// attempts, when it is shorter than the attempt's own bound. Reconnections
+// wait as long as ever: a broker slow to answer after an outage is not cut
+// short.
+func (c *Client) answerBound() time.Duration {
+	d := c.connectTimeout()
+	if ht := c.cfg.HandshakeTimeout; ht > 0 && ht < d && c.state.Load().gen == 0 {
+		d = ht
+	}
+	return d
 }
 
 // connectTimeout bounds one connection attempt, CONNACK included: a live

@@ -154,9 +154,11 @@ func newClient(cfg Config) (*Client, error) {
 // most a second when the server closes the connection on the client's
 // first packet), or a host name that does not exist
 // (*net.DNSError with IsNotFound). A refused TCP connection is retried (the
-// broker may be starting), unless cfg.FailFast is set, which ends Dial on
-// any failed attempt. An invalid cfg is reported at once with an error
-// wrapping [ErrConfig].
+// broker may be starting), and so is a server that accepts the connection
+// but does not answer ([ErrNoAnswer], "connected to ADDR, but no MQTT
+// answer", after cfg.HandshakeTimeout or the attempt's own bound), unless
+// cfg.FailFast is set, which ends Dial on any failed attempt. An invalid
+// cfg is reported at once with an error wrapping [ErrConfig].
 //
 // After Dial returns, the client reconnects by itself whenever the connection
 // drops, with a jittered exponential backoff, until Close.
@@ -268,6 +270,12 @@ func (c *Client) connectError(err error) error {
 		mc := c.conn.Load()
 		if mc != nil && mc.connack.Load() && !errors.Is(err, ErrNotMQTT) && !errors.Is(err, ErrPacketTooLarge) {
 			return fmt.Errorf("%w: malformed CONNACK: %w", ErrNotMQTT, err)
+		}
+		// The server took the connection and CONNECT, and said nothing
+		// until the attempt's bound (HandshakeTimeout's read deadline, or
+		// the attempt's context).
+		if mc != nil && !mc.answered.Load() && (errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded)) {
+			return &noAnswerError{fmt.Sprintf("connected to %s, but no MQTT answer within %v (no CONNACK to CONNECT): is it an MQTT broker's port?", mc.RemoteAddr(), mc.answerBy), err}
 		}
 		// A server that closes the connection without a word on CONNECT may
 		// be a TLS port: while dialling, find out, so that Dial can say so

@@ -91,7 +91,24 @@ var (
 	// not in TLS at all), or a client without it met a server that speaks
 	// TLS. Dial fails at once with it: retrying cannot help.
 	ErrTLSMismatch = errors.New("sskv: TLS mismatch")
+
+	// ErrNoAnswer: the server accepted the TCP connection but did not answer
+	// within the connection attempt's bound (see Config.HandshakeTimeout):
+	// no TLS handshake, or no CONNACK to CONNECT. The address may not be an
+	// MQTT broker's, or the broker is stalled: Dial keeps trying, unless
+	// Config.FailFast.
+	ErrNoAnswer = errors.New("sskv: the server does not answer")
 )
+
+// noAnswerError is a connection attempt the server did not answer: it
+// matches ErrNoAnswer and its cause (the timeout).
+type noAnswerError struct {
+	msg   string
+	cause error
+}
+
+func (e *noAnswerError) Error() string   { return e.msg }
+func (e *noAnswerError) Unwrap() []error { return []error{ErrNoAnswer, e.cause} }
 
 // ServiceError is an error answered by the state store ("-ERR <message>").
 // Message is the service's text, verbatim. errors.Is matches it against the

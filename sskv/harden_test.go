@@ -357,7 +357,8 @@ func FuzzDialAnswer(f *testing.F) {
 		defer cancel()
 		start := time.Now()
 		c, err := sskv.Dial(ctx, sskv.Config{Addr: b.Addr(), ClientID: "fuzz", MaxPacketSize: 64 << 10,
-			ReconnectMin: 10 * time.Millisecond, ReconnectMax: 20 * time.Millisecond})
+			ReconnectMin: 10 * time.Millisecond, ReconnectMax: 20 * time.Millisecond,
+			HandshakeTimeout: 30 * time.Millisecond}) // its deadline, set and cleared, under any answer
 		if took := time.Since(start); took > d+time.Second {
 			t.Fatalf("Dial took %v with a %v context (err %v)", took, d, err)
 		}

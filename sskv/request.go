@@ -18,19 +18,24 @@ import (
 	"github.com/dsslock/dsslock/sskv/internal/wire"
 )
 
-// Condition is the condition of a SET.
+// Condition is the condition of a SET: [Always], [IfNotExists] or
+// [IfEqualOrNotExists].
 type Condition uint8
 
-const (
-	// Always sets the key unconditionally.
-	Always Condition = iota
-	// IfNotExists (NX) sets the key only if it does not exist.
-	IfNotExists
-	// IfEqualOrNotExists (NEX) sets the key only if it does not exist or
-	// already holds the value being set: the way to renew a lease (with
-	// Expiry) without taking it from another owner.
-	IfEqualOrNotExists
-)
+// The conditions are declared one by one, not in a const block, so that
+// "go doc sskv.Condition" lists each of them (it shows only the first name
+// of a block).
+
+// Always sets the key unconditionally.
+const Always Condition = 0
+
+// IfNotExists (NX) sets the key only if it does not exist.
+const IfNotExists Condition = 1
+
+// IfEqualOrNotExists (NEX) sets the key only if it does not exist or
+// already holds the value being set: the way to renew a lease (with
+// Expiry) without taking it from another owner.
+const IfEqualOrNotExists Condition = 2
 
 func (c Condition) String() string {
 	switch c {

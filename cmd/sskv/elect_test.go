@@ -142,7 +142,7 @@ func TestElectHandover(t *testing.T) {
 	if got := obs.stdout.String(); got != want {
 		t.Errorf("the observer printed %q; want %q", got, want)
 	}
-	sskvRun(t, "-addr", srv.Addr(), "get", "svc").want(t, exitNotMet, "", "(not found)")
+	sskvRun(t, "-addr", srv.Addr(), "get", "svc").want(t, exitNotMet, "", "NOT FOUND")
 }
 
 // A candidate interrupted while it campaigns exits 1 and leaves nothing
@@ -166,7 +166,7 @@ func TestElectInterruptedCampaign(t *testing.T) {
 	}
 	leaderProc.signal(t, syscall.SIGTERM)
 	leaderProc.wantExit(t, exitOK, "")
-	sskvRun(t, "-addr", srv.Addr(), "get", "svc").want(t, exitNotMet, "", "(not found)")
+	sskvRun(t, "-addr", srv.Addr(), "get", "svc").want(t, exitNotMet, "", "NOT FOUND")
 }
 
 // A leader whose renewals stop reaching the store (a frozen connection)

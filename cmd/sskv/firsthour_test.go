@@ -95,5 +95,5 @@ func TestForceResetsFencedKey(t *testing.T) {
 	sskvRun(t, cmd("set", "data", "late", "-ft", token)...).want(t, exitError, "", "lower version than the fencing token")
 	sskvRun(t, cmd("get", "data")...).want(t, exitOK, "by-operator\n(version "+forced+")\n", "")
 	sskvRun(t, cmd("del", "data", "-force")...).want(t, exitOK, "DELETED "+forced+"\n", "")
-	sskvRun(t, cmd("get", "data")...).want(t, exitNotMet, "", "(not found)")
+	sskvRun(t, cmd("get", "data")...).want(t, exitNotMet, "", "NOT FOUND")
 }

@@ -57,7 +57,7 @@ func TestLockMutualExclusion(t *testing.T) {
 	if len(lines) != 2*len(outs) {
 		t.Fatalf("journal has %d lines; want %d:\n%s", len(lines), 2*len(outs), data)
 	}
-	sskvRun(t, "-addr", srv.Addr(), "get", "jobs/x").want(t, exitNotMet, "", "(not found)")
+	sskvRun(t, "-addr", srv.Addr(), "get", "jobs/x").want(t, exitNotMet, "", "NOT FOUND")
 }
 
 // The command's exit status is sskv's; the token works for fenced writes
@@ -156,7 +156,7 @@ func TestLockPassesSignalsOn(t *testing.T) {
 	if b, err := os.ReadFile(trapped); err != nil || string(b) != "TERM\n" {
 		t.Fatalf("the command did not get SIGTERM: %q, %v", b, err)
 	}
-	sskvRun(t, "-addr", srv.Addr(), "get", "l").want(t, exitNotMet, "", "(not found)")
+	sskvRun(t, "-addr", srv.Addr(), "get", "l").want(t, exitNotMet, "", "NOT FOUND")
 }
 
 // waitFile waits for a file that a command creates when it has started.
@@ -240,7 +240,7 @@ func TestLockSemaphoreProcesses(t *testing.T) {
 		t.Errorf("at most %d commands at once; want 2 (the limit, with 5 runs of 0.2 s started together)", most)
 	}
 	for _, slot := range []string{"0", "1"} {
-		sskvRun(t, "-addr", srv.Addr(), "get", "fleet/fw\x00slot\x00"+slot).want(t, exitNotMet, "", "(not found)")
+		sskvRun(t, "-addr", srv.Addr(), "get", "fleet/fw\x00slot\x00"+slot).want(t, exitNotMet, "", "NOT FOUND")
 	}
 	sskvRun(t, "-addr", srv.Addr(), "lock", "-n", "3", "fleet/fw", "--", "true").want(t, exitError, "", "limit mismatch")
 	sskvRun(t, "-addr", srv.Addr(), "lock", "-n", "0", "fleet/fw", "--", "true").want(t, exitUsage, "", "-n 0")

@@ -29,6 +29,9 @@
 // condition was not met: get of a missing key, set not applied (-nx, -nex),
 // del or vdel of a missing key, vdel of a key that holds another value;
 // 4 when lock or elect lost what they held (see "help lock", "help elect").
+// Standard output carries each command's result: set, del and vdel print
+// their outcome there (OK, NOT APPLIED, DELETED, NOT FOUND, ...); get prints
+// the value alone, and NOT FOUND on standard error for a missing key.
 //
 // Run "go run ./cmd/sskv -h" or "... help COMMAND" for every flag.
 package main

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -16,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -35,6 +37,11 @@ const (
 )
 
 const defaultAddr = "127.0.0.1:1883"
+
+// defaultHandshake is how long a server has to answer once connected, by
+// default: a live broker answers within a ping's time (sskv.DefaultPingTimeout),
+// and a person waits.
+const defaultHandshake = sskv.DefaultPingTimeout
 
 // usageError is a bad command line: run prints it with the usage text and
 // exits with exitUsage.
@@ -60,6 +67,7 @@ type connFlags struct {
 	satFile      string
 	clientID     string
 	timeout      time.Duration
+	handshake    time.Duration
 	verbose      bool
 
 	set map[string]bool // flags given explicitly
@@ -80,6 +88,7 @@ func newConnFlags(cf *connFlags) *flag.FlagSet {
 	fs.StringVar(&cf.satFile, "sat-file", "", "Kubernetes service account token `file` (K8S-SAT authentication)")
 	fs.StringVar(&cf.clientID, "client-id", "", "MQTT client `id` (default: random)")
 	durationFlag(fs, &cf.timeout, "timeout", sskv.DefaultRequestTimeout, "`DURATION` bound of the connection and of each request")
+	durationFlag(fs, &cf.handshake, "handshake-timeout", defaultHandshake, "`DURATION` the server has to answer once connected (the TLS handshake, then MQTT's\nCONNACK): a server that accepts connections but says nothing is reported after it")
 	fs.BoolVar(&cf.verbose, "v", false, "log the client's connection events to stderr")
 	return fs
 }
@@ -158,9 +167,13 @@ var commands = []*command{
 		name:    "get",
 		args:    "[-raw] KEY",
 		summary: "print the value and version of KEY",
-		doc: `Prints the value of KEY on one line, then "(version V)".
-A value that is not printable UTF-8 (or is empty) is printed quoted, Go-style.
-A missing key prints "(not found)" to stderr and exits with status 3.`,
+		doc: `Prints the value of KEY on one line, then "(version V)"; with -raw, the
+value's bytes alone. A value that is not printable UTF-8 (or is empty) is
+printed quoted, Go-style. A missing key prints nothing on stdout and
+NOT FOUND on stderr (stdout carries the value alone, and a value may read
+NOT FOUND), and exits with status 3, as del and vdel of a missing key do:
+
+	if v=$(sskv get -raw KEY); then ...; elif [ $? = 3 ]; then ...missing...; fi`,
 		flags: func(fs *flag.FlagSet, o *cmdOpts) {
 			fs.BoolVar(&o.raw, "raw", false, "write the value's bytes exactly, and nothing else")
 		},
@@ -218,9 +231,16 @@ or "VALUE DIFFERS (current version V)" (both exit status 3).`,
 
 TIME is when the change was received, OP is SET or DELETE, VALUE is "-" for
 DELETE, and is quoted, Go-style, when it is not printable UTF-8 or holds a
-space; VERSION is "-" when unknown. "(resync)" marks a line that sums up
-changes not seen one by one (during a reconnect, or when the output was
-too slow). Changes made before the watch started are not printed.`,
+space; VERSION is "-" when unknown. The record of an election ("sskv elect",
+package leader), or of a lock with lock.Config.FenceKey, is shown decoded:
+
+	[holder=ID,token=T,value=V]    ID holds it; T is its fencing token
+	[holder=ID,acquiring,value=V]  ID is taking it (its token comes next)
+
+and any other value that starts with '[' is quoted, so none passes for one.
+"(resync)" marks a line that sums up changes not seen one by one (during a
+reconnect, or when the output was too slow). Changes made before the watch
+started are not printed.`,
 		minArgs: 1, maxArgs: -1,
 	},
 	{
@@ -378,9 +398,9 @@ func (c *command) usage(w io.Writer) {
 	fmt.Fprintf(w, "\nRun 'sskv -h' for the connection flags.\n")
 }
 
-// usage prints the usage text; short leaves out the connection flags and
-// examples.
-func usage(w io.Writer, short bool) {
+// usage prints the usage text. (A usage error prints only where to read it:
+// see usageFail.)
+func usage(w io.Writer) {
 	fmt.Fprintf(w, `Usage: sskv [connection flags] COMMAND [arguments]
 
 sskv reads, writes and watches keys of the Azure IoT Operations state store.
@@ -395,15 +415,16 @@ Commands:
   version
           print the version of sskv
 
+Output: stdout carries each command's result, stderr the rest. set, del
+and vdel print their outcome there (OK, NOT APPLIED, DELETED, NOT FOUND,
+VALUE DIFFERS); get prints the value alone, so a missing key prints
+NOT FOUND on stderr instead. The exit status tells the outcomes apart.
+
 Exit status: 0 done; 1 error; 2 bad usage; 3 condition not met (get of a
 missing key, set not applied, del or vdel of a missing key, vdel of another
 value); lock: COMMAND's status, or 4 if the lock was lost while it ran;
 elect: 4 if leadership was lost.
 `)
-	if short {
-		fmt.Fprintf(w, "\nRun 'sskv -h' for the connection flags and examples.\n")
-		return
-	}
 	fmt.Fprintf(w, "\nConnection flags:\n")
 	fs := newConnFlags(&connFlags{})
 	fs.SetOutput(w)
@@ -469,21 +490,17 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	gfs := newConnFlags(&cf)
 	if err := gfs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			usage(stdout, false)
+			usage(stdout)
 			return exitOK
 		}
-		fmt.Fprintf(stderr, "sskv: %v\n\n", err)
-		usage(stderr, true)
-		return exitUsage
+		return usageFail(stderr, "", err.Error())
 	}
 	cf.set = map[string]bool{}
 	gfs.Visit(func(f *flag.Flag) { cf.set[f.Name] = true })
 
 	args = gfs.Args()
 	if len(args) == 0 {
-		fmt.Fprintf(stderr, "sskv: no command\n\n")
-		usage(stderr, true)
-		return exitUsage
+		return usageFail(stderr, "", "no command (one of "+commandNames()+")")
 	}
 	if args[0] == "version" {
 		fmt.Fprintln(stdout, versionLine("sskv"))
@@ -492,21 +509,17 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if args[0] == "help" {
 		switch {
 		case len(args) == 1 || len(args) == 2 && isHelpFlag(args[1]):
-			usage(stdout, false)
+			usage(stdout)
 		case len(args) == 2 && findCommand(args[1]) != nil:
 			findCommand(args[1]).usage(stdout)
 		default:
-			fmt.Fprintf(stderr, "sskv: help %s: unknown command\n\n", strings.Join(args[1:], " "))
-			usage(stderr, true)
-			return exitUsage
+			return usageFail(stderr, "", fmt.Sprintf("help %s: unknown command (one of %s)", strings.Join(args[1:], " "), commandNames()))
 		}
 		return exitOK
 	}
 	cmd := findCommand(args[0])
 	if cmd == nil {
-		fmt.Fprintf(stderr, "sskv: unknown command %q\n\n", args[0])
-		usage(stderr, true)
-		return exitUsage
+		return usageFail(stderr, "", fmt.Sprintf("unknown command %q (one of %s)", args[0], commandNames()))
 	}
 
 	o := cmdOpts{given: map[string]bool{}}
@@ -521,13 +534,11 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return exitOK
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "sskv: %s: %v\n", cmd.name, err)
+		msg := fmt.Sprintf("%s: %v", cmd.name, err)
 		if name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -"); ok && gfs.Lookup(strings.TrimPrefix(name, "-")) != nil {
-			fmt.Fprintf(stderr, "(-%s is a connection flag: give it before the command)\n", name)
+			msg += fmt.Sprintf("\n(-%s is a connection flag: give it before the command)", name)
 		}
-		fmt.Fprintln(stderr)
-		cmd.usage(stderr)
-		return exitUsage
+		return usageFail(stderr, cmd.name, msg)
 	}
 
 	cfg, err := cf.config(stderr)
@@ -545,7 +556,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	c, err := sskv.Dial(dctx, cfg)
 	cancel()
 	if err != nil {
-		return fail(stderr, err)
+		code := fail(stderr, err)
+		dialHint(stderr, cfg.Addr, cf.handshake, err)
+		return code
 	}
 	defer c.Close()
 
@@ -639,6 +652,9 @@ func (cf *connFlags) config(stderr io.Writer) (sskv.Config, error) {
 	if cf.timeout <= 0 {
 		return sskv.Config{}, usagef("-timeout must be positive")
 	}
+	if cf.handshake <= 0 {
+		return sskv.Config{}, usagef("-handshake-timeout must be positive")
+	}
 	var cfg sskv.Config
 	if cf.env {
 		var err error
@@ -696,6 +712,10 @@ func (cf *connFlags) config(stderr io.Writer) (sskv.Config, error) {
 	// A command line wants the first failure's cause at once, not retries
 	// until -timeout (a refused connection, a wrong port, a TLS mismatch).
 	cfg.FailFast = true
+	// And a server that accepts connections but does not answer (no MQTT
+	// broker there, or a stalled one) is named after -handshake-timeout,
+	// not after the attempt's 6 s with a bare "deadline exceeded".
+	cfg.HandshakeTimeout = cf.handshake
 	level := slog.LevelWarn
 	if cf.verbose {
 		level = slog.LevelDebug
@@ -760,6 +780,41 @@ func checkAddr(addr string) error {
 	return nil
 }
 
+// dialHint says what to check after a connection failed, by its cause.
+func dialHint(stderr io.Writer, addr string, handshake time.Duration, err error) {
+	var ce *sskv.ConnectError
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		fmt.Fprintf(stderr, "sskv: nothing listens on %s: is the broker running there, and is -addr right?\n", addr)
+	case errors.Is(err, sskv.ErrNoAnswer):
+		fmt.Fprintf(stderr, "sskv: a broker that is slow to answer needs a longer -handshake-timeout (now %v)\n", handshake)
+	case errors.As(err, &ce) && (ce.ReasonCode == 0x86 || ce.ReasonCode == 0x87 || ce.ReasonCode == 0x8C):
+		fmt.Fprintln(stderr, "sskv: check the credentials: -user and -password-file, or -sat-file\n(with -env: AIO_MQTT_USERNAME, AIO_MQTT_PASSWORD_FILE, AIO_SAT_FILE)")
+	}
+}
+
+// usageFail prints a usage error, then where to read the usage (that of
+// command cmd, or sskv's when cmd is ""), not the usage itself: the error
+// must not scroll away. It returns exitUsage.
+func usageFail(stderr io.Writer, cmd, msg string) int {
+	fmt.Fprintf(stderr, "sskv: %s\n", msg)
+	if cmd != "" {
+		fmt.Fprintf(stderr, "Run 'sskv help %s' for usage.\n", cmd)
+	} else {
+		fmt.Fprintln(stderr, "Run 'sskv -h' for usage.")
+	}
+	return exitUsage
+}
+
+// commandNames lists the commands, for a usage error.
+func commandNames() string {
+	names := make([]string, 0, len(commands)+2)
+	for _, c := range commands {
+		names = append(names, c.name)
+	}
+	return strings.Join(append(names, "help", "version"), ", ")
+}
+
 // fail prints err and returns the exit status for it.
 func fail(stderr io.Writer, err error) int {
 	msg := strings.TrimPrefix(err.Error(), "sskv: ")
@@ -778,7 +833,7 @@ func get(ctx context.Context, c *sskv.Client, key string, raw bool, stdout, stde
 		return fail(stderr, err)
 	}
 	if !res.Found {
-		fmt.Fprintln(stderr, "(not found)")
+		fmt.Fprintln(stderr, "NOT FOUND") // stdout carries the value alone: a value may read NOT FOUND
 		return exitNotMet
 	}
 	if raw {
@@ -925,7 +980,11 @@ func eventLine(t time.Time, ev sskv.Event) string {
 	b.WriteString(ev.Op.String())
 	b.WriteByte(' ')
 	if ev.Op == sskv.OpSet {
-		b.WriteString(showValue(ev.Value, true))
+		if rec, ok := lockRecord(ev.Value); ok {
+			b.WriteString(rec)
+		} else {
+			b.WriteString(showValue(ev.Value, true))
+		}
 	} else {
 		b.WriteByte('-')
 	}
@@ -942,13 +1001,66 @@ func eventLine(t time.Time, ev sskv.Event) string {
 	return b.String()
 }
 
+// lockRecord renders v, when it is the record of a lock with
+// lock.Config.FenceKey (every election's key holds one), as one field:
+//
+//	[holder=ID,token=T,value=V]    held: T is the holder's fencing token
+//	[holder=ID,acquiring,value=V]  ID is taking the key; its token comes next
+//
+// ID and V are quoted, Go-style, unless they are printable and hold no
+// space, comma, bracket or quote. It reports false for any other value.
+func lockRecord(v []byte) (string, bool) {
+	id, rest, ok := bytes.Cut(v, []byte{'\n'})
+	if !ok || len(id) == 0 {
+		return "", false
+	}
+	tok, val, ok := bytes.Cut(rest, []byte{'\n'})
+	if !ok {
+		return "", false
+	}
+	var state string
+	if h := lock.ParseHolder(v, hlc.Timestamp{}); !h.Token.IsZero() {
+		state = "token=" + h.Token.String()
+	} else if nonce, ok := bytes.CutPrefix(tok, []byte{'~'}); ok && len(nonce) > 0 && isHex(nonce) {
+		state = "acquiring" // the record of an acquisition under way, or of a reservation for ID
+	} else {
+		return "", false
+	}
+	return "[holder=" + recordPart(id) + "," + state + ",value=" + recordPart(val) + "]", true
+}
+
+func isHex(b []byte) bool {
+	for _, c := range b {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// recordPart shows a part of a decoded lock record: as is when it cannot be
+// mistaken for the record's punctuation, quoted otherwise.
+func recordPart(b []byte) string {
+	s := string(b)
+	if s == "" || !utf8.ValidString(s) || strings.ContainsAny(s, `,[]"`) {
+		return strconv.Quote(s)
+	}
+	for _, r := range s {
+		if !unicode.IsPrint(r) || unicode.IsSpace(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
+}
+
 // showValue returns v as is when it is printable UTF-8, and quoted Go-style
 // otherwise. Empty values, and values that start with '"', are quoted too,
 // so that what is printed is never ambiguous; inLine also quotes values
-// with a space, for one-line records.
+// with a space, for one-line records, and values that start with '[', which
+// there marks a decoded lock record (see lockRecord).
 func showValue(v []byte, inLine bool) string {
 	s := string(v)
-	if s == "" || s[0] == '"' || !utf8.ValidString(s) {
+	if s == "" || s[0] == '"' || inLine && s[0] == '[' || !utf8.ValidString(s) {
 		return strconv.Quote(s)
 	}
 	for _, r := range s {

@@ -98,7 +98,15 @@ func TestGetSetDel(t *testing.T) {
 	a := []string{"-addr", startStore(t, localstore.Config{}).Addr()}
 	cmd := func(args ...string) []string { return append(append([]string(nil), a...), args...) }
 
-	sskvRun(t, cmd("get", "k")...).want(t, exitNotMet, "", "(not found)\n")
+	// A missing key: get says it in del's words, on stderr, since its
+	// stdout is the value alone; the exit status tells a script.
+	if o := sskvRun(t, cmd("get", "-raw", "k")...); o.code != exitNotMet || o.stdout != "" || o.stderr != "NOT FOUND\n" {
+		t.Fatalf("get of a missing key: exit %d, stdout %q, stderr %q; want 3, nothing, NOT FOUND", o.code, o.stdout, o.stderr)
+	}
+	sskvRun(t, cmd("del", "k")...).want(t, exitNotMet, "NOT FOUND\n", "")
+	setOK(t, cmd("set", "k", "NOT FOUND")...) // a value that reads like it: on stdout, status 0
+	sskvRun(t, cmd("get", "-raw", "k")...).want(t, exitOK, "NOT FOUND", "")
+	sskvRun(t, cmd("del", "k")...)
 
 	v := setOK(t, cmd("set", "k", "hello world")...)
 	sskvRun(t, cmd("get", "k")...).want(t, exitOK, "hello world\n(version "+v+")\n", "")
@@ -107,7 +115,7 @@ func TestGetSetDel(t *testing.T) {
 
 	sskvRun(t, cmd("del", "k")...).want(t, exitOK, "DELETED "+v+"\n", "")
 	sskvRun(t, cmd("del", "k")...).want(t, exitNotMet, "NOT FOUND\n", "")
-	sskvRun(t, cmd("get", "k")...).want(t, exitNotMet, "", "(not found)")
+	sskvRun(t, cmd("get", "k")...).want(t, exitNotMet, "", "NOT FOUND")
 
 	// Values that are not printable, or would be ambiguous, are quoted.
 	v = setOK(t, cmd("set", "bin", "a\x00\xff\n")...)
@@ -147,7 +155,7 @@ func TestVDel(t *testing.T) {
 	v := setOK(t, cmd("set", "lock", "me")...)
 	sskvRun(t, cmd("vdel", "lock", "you")...).want(t, exitNotMet, "VALUE DIFFERS (current version "+v+")\n", "")
 	sskvRun(t, cmd("vdel", "lock", "me")...).want(t, exitOK, "DELETED "+v+"\n", "")
-	sskvRun(t, cmd("get", "lock")...).want(t, exitNotMet, "", "(not found)")
+	sskvRun(t, cmd("get", "lock")...).want(t, exitNotMet, "", "NOT FOUND")
 }
 
 func TestFencing(t *testing.T) {
@@ -212,7 +220,7 @@ func TestBadUsage(t *testing.T) {
 		args []string
 		want string
 	}{
-		{nil, "sskv: no command\n"},
+		{nil, "sskv: no command (one of get, set"},
 		{[]string{"frob"}, `unknown command "frob"`},
 		{[]string{"-nosuchflag", "get", "k"}, "flag provided but not defined: -nosuchflag"},
 		{[]string{"get"}, "sskv: get: missing arguments"},
@@ -243,11 +251,22 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"-sat-file", "t", "-password-file", "p", "get", "k"}, "-sat-file and -password-file exclude each other"},
 	} {
 		o := sskvRun(t, tc.args...)
-		if o.code != exitUsage || o.stdout != "" || !strings.Contains(o.stderr, tc.want) || !strings.Contains(o.stderr, "Usage") && !strings.Contains(o.stderr, "usage") {
-			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit 2 and usage with %q", tc.args, o.code, o.stdout, o.stderr, tc.want)
+		if o.code != exitUsage || o.stdout != "" || !strings.Contains(o.stderr, tc.want) {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit 2 and %q", tc.args, o.code, o.stdout, o.stderr, tc.want)
+		}
+		// The error first, then where to read the usage: not the whole
+		// help, which scrolled the error away.
+		lines := strings.Split(strings.TrimSuffix(o.stderr, "\n"), "\n")
+		if !strings.HasPrefix(o.stderr, "sskv: ") || len(lines) > 2 && !strings.HasPrefix(lines[1], "(-") || len(lines) > 3 || !usagePointer.MatchString(lines[len(lines)-1]) {
+			t.Errorf("%q: stderr %q; want the error, then \"Run 'sskv help CMD' for usage.\"", tc.args, o.stderr)
 		}
 	}
+	// The pointer names the command whose usage was wrong.
+	sskvRun(t, "get").want(t, exitUsage, "", "sskv: get: missing arguments (want [-raw] KEY)\nRun 'sskv help get' for usage.\n")
+	sskvRun(t, "frob").want(t, exitUsage, "", "(one of get, set, del, vdel, watch, lock, elect, help, version)\nRun 'sskv -h' for usage.\n")
 }
+
+var usagePointer = regexp.MustCompile(`^Run 'sskv (-h|help [a-z]+)' for usage\.$`)
 
 func TestHelp(t *testing.T) {
 	for _, tc := range []struct {
@@ -257,6 +276,8 @@ func TestHelp(t *testing.T) {
 		{[]string{"-h"}, []string{"Commands:", "Connection flags:", "-insecure-skip-verify", "Examples:", "Exit status"}},
 		{[]string{"help"}, []string{"Commands:", "Connection flags:"}},
 		{[]string{"help", "set"}, []string{"sskv [connection flags] set KEY VALUE", "-nx", "-px DURATION", "NOT APPLIED"}},
+		{[]string{"help", "get"}, []string{"prints nothing on stdout and\nNOT FOUND on stderr", "status 3"}},
+		{[]string{"-h"}, []string{"get prints the value alone, so a missing key prints\nNOT FOUND on stderr"}},
 		{[]string{"set", "-h"}, []string{"-nex", "-file"}},
 		{[]string{"watch", "-help"}, []string{"(resync)"}},
 	} {

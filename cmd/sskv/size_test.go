@@ -30,5 +30,5 @@ func TestSetTooLarge(t *testing.T) {
 		}
 		t.Logf("%d bytes: %v: %s", size, took.Round(time.Millisecond), strings.TrimSpace(o.stderr))
 	}
-	sskvRun(t, "-addr", srv.Addr(), "get", "big").want(t, exitNotMet, "", "(not found)")
+	sskvRun(t, "-addr", srv.Addr(), "get", "big").want(t, exitNotMet, "", "NOT FOUND")
 }
