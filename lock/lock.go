@@ -115,7 +115,10 @@ func (l *Lock) Config() Config { return l.cfg }
 
 // TryLock makes one attempt to acquire the lock (SET NEX PX) and reports
 // whether it did. Not acquiring it because someone else holds it is not an
-// error. Within a TTL of a reconnect of the client it reports false without
+// error; when it does not acquire it, it reads the key (GET), and a key
+// that will never be released to this Lock (a Semaphore's record, an
+// election's under a Lock without FenceKey: see [ErrNotALock]) is an error
+// wrapping ErrNotALock, not false. Within a TTL of a reconnect of the client it reports false without
 // trying: the key may have vanished with a store restart while its holder
 // still counts on it (see Lock). An error that wraps a *sskv.ServiceError is the store's refusal
 // (e.g. sskv.ErrTimestampSkew): nothing was acquired. Any other error means
@@ -124,7 +127,18 @@ func (l *Lock) Config() Config { return l.cfg }
 // returns by ctx's deadline), before its next acquisition or Close goes
 // ahead.
 func (l *Lock) TryLock(ctx context.Context) (bool, error) {
-	return l.tryLock(ctx, hlc.Timestamp{})
+	ok, err := l.tryLock(ctx, hlc.Timestamp{})
+	if ok || err != nil {
+		return ok, err
+	}
+	// Held (or held off): by a holder that releases it, or by something
+	// that never will?
+	if err := checkKey(ctx, l.c, &l.cfg); errors.Is(err, ErrNotALock) {
+		return false, l.wrap("", err)
+	} else if err != nil {
+		l.log.Debug("could not read the key held", "error", err)
+	}
+	return false, nil
 }
 
 // tryLock is TryLock with the SET that takes the key fenced with ft
