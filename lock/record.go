@@ -123,12 +123,12 @@ func checkRecord(fenceKey bool, value []byte) error {
 	switch id, fenced := fenceRecord(value); {
 	case value == nil:
 		return nil
-	case bytes.HasPrefix(value, []byte(semaphoreRecordPrefix)):
-		what = "a semaphore's record, which never expires: the name is a Semaphore's (lock.NewSemaphore; sskv lock -n N)"
 	case fenced && fenceKey:
 		return nil
 	case fenced:
 		what = fmt.Sprintf("the record of a lock with FenceKey, such as an election's (holder %s): a Lock without FenceKey cannot share a key with it", quote([]byte(id)))
+	case bytes.HasPrefix(value, []byte(semaphoreRecordPrefix)):
+		what = "a semaphore's record, which never expires: the name is a Semaphore's (lock.NewSemaphore; sskv lock -n N)"
 	case len(value) > 0 && bytes.IndexByte(value, '\n') < 0:
 		if !fenceKey {
 			return nil
