@@ -211,7 +211,10 @@ func (l *Lock) tryLock(ctx context.Context, ft hlc.Timestamp) (bool, error) {
 // error wrapping ErrClosed. A request the store refuses (a
 // *sskv.ServiceError, e.g. sskv.ErrTimestampSkew: this client's clock is
 // more than a minute ahead of the store's) ends Lock at once with that
-// error: the same request would be refused again. Timeouts and lost
+// error: the same request would be refused again. So does a key that will
+// never be released to this Lock, with an error wrapping [ErrNotALock]: a
+// Semaphore's record, a lock's record of the other FenceKey setting (an
+// election's, say), or a value no lock writes. Timeouts and lost
 // connections are retried.
 func (l *Lock) Lock(ctx context.Context) error {
 	ctx = l.bind(ctx)

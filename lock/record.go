@@ -128,7 +128,7 @@ func checkRecord(fenceKey bool, value []byte) error {
 	case fenced:
 		what = fmt.Sprintf("the record of a lock with FenceKey, such as an election's (holder %s): a Lock without FenceKey cannot share a key with it", quote([]byte(id)))
 	case bytes.HasPrefix(value, []byte(semaphoreRecordPrefix)):
-		what = "a semaphore's record, which never expires: the name is a Semaphore's (lock.NewSemaphore; sskv lock -n N)"
+		what = "a semaphore's record, which never expires: the name is a Semaphore's"
 	case len(value) > 0 && bytes.IndexByte(value, '\n') < 0:
 		if !fenceKey {
 			return nil
