@@ -115,14 +115,15 @@ func (l *Lock) Config() Config { return l.cfg }
 
 // TryLock makes one attempt to acquire the lock (SET NEX PX) and reports
 // whether it did. Not acquiring it because someone else holds it is not an
-// error; when it does not acquire it, it reads the key (GET), and a key
-// that will never be released to this Lock (a Semaphore's record, an
-// election's under a Lock without FenceKey: see [ErrNotALock]) is an error
-// wrapping ErrNotALock, not false. Within a TTL of a reconnect of the client it reports false without
-// trying: the key may have vanished with a store restart while its holder
-// still counts on it (see Lock). An error that wraps a *sskv.ServiceError is the store's refusal
-// (e.g. sskv.ErrTimestampSkew): nothing was acquired. Any other error means
-// the outcome is unknown (a timeout, a lost connection): the Lock holds
+// error. When it does not acquire it, it reads the key (GET): a key that
+// will never be released to this Lock (a Semaphore's record, an election's
+// under a Lock without FenceKey: see [ErrNotALock]) gives an error wrapping
+// ErrNotALock, not false. Within a TTL of a reconnect of the client it
+// reports false without trying: the key may have vanished with a store
+// restart while its holder still counts on it (see Lock). An error that
+// wraps a *sskv.ServiceError is the store's refusal (e.g.
+// sskv.ErrTimestampSkew): nothing was acquired. Any other error means the
+// outcome is unknown (a timeout, a lost connection): the Lock holds
 // nothing, and deletes the key if it took it, in the background (TryLock
 // returns by ctx's deadline), before its next acquisition or Close goes
 // ahead.
