@@ -182,7 +182,10 @@
 // The store does not say whether a key expires, so a value is judged by
 // what it is: a name set by hand without expiry on a Lock without
 // FenceKey looks like a holder's, and is waited for. The read costs a
-// racing waiter one request at entry (5 in all), a queued one nothing.
+// racing waiter one request at entry (5 in all), a queued one nothing. A
+// key overwritten so during a wait ends a racing waiter's at once (the
+// notification), and a queued waiter's at its next read of the key: at the
+// latest its safeguard check, 10 TTLs on.
 //
 // # Guarantees
 //
