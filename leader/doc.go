@@ -44,7 +44,12 @@
 // safeguard checks of all its waiters. When the key is deleted, by a
 // resignation or by expiry, each of them tries at once, and one wins. After
 // a reconnect, a candidate checks at once; as a last safeguard, it checks
-// after 10 TTLs without news. Observers ([Observe]) watch the same key and
+// after 10 TTLs without news. A key that will never be released to a
+// candidate ends Campaign at once with an error wrapping lock.ErrNotALock
+// that says what the key holds: a semaphore's record, a value no lock
+// writes, or a holder's name alone, such as the record of the Azure IoT
+// Operations SDK's leased lock, whose replicas cannot share an election's
+// key. Observers ([Observe]) watch the same key and
 // read its records; a client's campaign and observation of one election
 // share one registration with the store.
 //

@@ -225,9 +225,9 @@ func TestCrashedLeaderReplaced(t *testing.T) {
 			got <- term
 		}()
 	}
-	// Entry: the SET refused by the fence, KEYNOTIFY, GET, and the SET that
-	// checks again.
-	const entry = 4
+	// Entry: the SET refused by the fence, KEYNOTIFY, GET, the SET that
+	// checks again, and the GET of what holds the key (lock.ErrNotALock).
+	const entry = 5
 	for _, c := range followers {
 		waitFor(t, "the follower's entry", func() bool { return srv.Requests(c.ID()) >= entry })
 	}

@@ -16,10 +16,13 @@ import (
 // Campaign blocks until this candidate leads the election (the state store
 // key named election) and returns its term, publishing value (an address,
 // say) for observers. It returns an error only if ctx ends first, the
-// client is closed, the options are invalid, or the store refuses a request
+// client is closed, the options are invalid, the store refuses a request
 // (an error wrapping a *sskv.ServiceError, e.g. sskv.ErrTimestampSkew when
 // this client's clock is more than a minute ahead of the store's; trying
-// again would be refused the same way). A campaign that gives up leaves no
+// again would be refused the same way), or the key holds something that
+// will never be released to a candidate (an error wrapping
+// lock.ErrNotALock: a semaphore's record, another client's lock such as
+// the SDK's leased lock, or a value no lock writes). A campaign that gives up leaves no
 // key behind, even if its last attempt had an unknown outcome.
 //
 // While another candidate leads, Campaign sleeps on the key's notifications

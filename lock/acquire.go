@@ -18,10 +18,10 @@ import (
 // Without Config.HolderID, each attempt's Lock has a default HolderID of
 // its own: the Lock returned has the one its acquisition wrote.
 //
-// Everything Lock promises holds. If ctx ends first, or the store refuses
-// an acquisition, Acquire returns an error and holds nothing: a last
-// attempt whose outcome is unknown is given back in the background, as Lock
-// does. An invalid cfg gives an error wrapping [ErrConfig]. Without
+// Everything Lock promises holds. If ctx ends first, the store refuses an
+// acquisition, or the key will never be released to it ([ErrNotALock]),
+// Acquire returns an error and holds nothing: a last attempt whose outcome
+// is unknown is given back in the background, as Lock does. An invalid cfg gives an error wrapping [ErrConfig]. Without
 // Config.Race it is New then Lock, and costs what they cost.
 func Acquire(ctx context.Context, c *sskv.Client, cfg Config) (*Lock, error) {
 	if !cfg.Race {

@@ -69,7 +69,9 @@ type Config struct {
 	// once the key is fenced, no request of an earlier holding can change or
 	// delete it. An acquisition then costs two requests: the SET NEX PX that
 	// takes the key and the fenced SET that records the token. Every holder
-	// of a lock must use the same FenceKey setting. Package leader sets it.
+	// of a lock must use the same FenceKey setting: a lock that finds the
+	// other setting's record on its key fails with ErrNotALock. Package
+	// leader sets it.
 	FenceKey bool
 
 	// Race makes Lock's waiters race for the lock each time it is released,

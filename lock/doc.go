@@ -163,6 +163,30 @@
 // re-creates the key; a store restart is caught either way, by the read
 // after the reconnect. Package leader builds on this.
 //
+// # Keys that are never released
+//
+// A waiter looks at what holds the key before it waits on it (the read
+// that finds the holder; for a racing waiter, one read once its watch is
+// on, and the notifications after it; TryLock reads it when it finds the
+// key held), and fails at once, with an error wrapping [ErrNotALock] that
+// says what the key holds, when nothing will ever release it to this lock:
+// a Semaphore's record, which never expires; the record of a lock with the
+// other FenceKey setting (an election's, under a Lock without FenceKey; a
+// holder's name alone, under a FenceKey lock, such as the record of the
+// Azure IoT Operations SDK's leased lock, which cannot share a key with
+// FenceKey locks: an SDK Lock against a fenced key is refused rather than
+// wait, and a FenceKey handover never wakes SDK waiters); or a value that
+// no lock writes (several lines, or empty). A Lock without FenceKey does
+// share a key with the SDK's leased lock: both write the holder's name
+// with an expiry, exclude each other, and wake on each other's release.
+// The store does not say whether a key expires, so a value is judged by
+// what it is: a name set by hand without expiry on a Lock without
+// FenceKey looks like a holder's, and is waited for. The read costs a
+// racing waiter one request at entry (5 in all), a queued one nothing. A
+// key overwritten so during a wait ends a racing waiter's at once (the
+// notification), and a queued waiter's at its next read of the key: at the
+// latest its safeguard check, 10 TTLs on.
+//
 // # Guarantees
 //
 // The rules, learnt from the outages of other lock services:

@@ -64,6 +64,18 @@ var (
 
 	// ErrConfig is wrapped by every error about an invalid [Config].
 	ErrConfig = errors.New("lock: invalid config")
+
+	// ErrNotALock is wrapped by the error of Lock, TryLock and Acquire (and
+	// so of leader.Campaign) when the key holds something that will never
+	// be released to this lock, so that waiting would last forever: a
+	// Semaphore's record (it never expires: the name is a Semaphore's); the
+	// record of a lock with the other FenceKey setting (an election's, under
+	// a Lock without FenceKey; or, under a FenceKey lock, a HolderID alone,
+	// such as the record of the Azure IoT Operations SDK's leased lock,
+	// which a FenceKey lock cannot share a key with); or a value that no
+	// lock writes. The error says what the key holds. Nothing was acquired,
+	// and the key was left as it was.
+	ErrNotALock = errors.New("lock: not a lock")
 )
 
 // Errors of a [Semaphore].

@@ -2,6 +2,7 @@ package lock
 
 import (
 	"bytes"
+	"errors"
 	"slices"
 	"testing"
 
@@ -58,5 +59,15 @@ func FuzzQueueMessages(f *testing.F) {
 			}
 		}
 		_ = ParseHolder(b, ts)
+		// What a FenceKey lock writes is waited for by one, and by no Lock
+		// without FenceKey.
+		for _, fence := range []bool{false, true} {
+			if err := checkRecord(fence, b); err != nil && !errors.Is(err, ErrNotALock) {
+				t.Fatalf("checkRecord(%v, %q) = %v", fence, b, err)
+			}
+		}
+		if _, ok := fenceRecord(b); ok && (checkRecord(true, b) != nil || checkRecord(false, b) == nil) {
+			t.Fatalf("the FenceKey record %q is judged wrong", b)
+		}
 	})
 }

@@ -115,16 +115,31 @@ func (l *Lock) Config() Config { return l.cfg }
 
 // TryLock makes one attempt to acquire the lock (SET NEX PX) and reports
 // whether it did. Not acquiring it because someone else holds it is not an
-// error. Within a TTL of a reconnect of the client it reports false without
-// trying: the key may have vanished with a store restart while its holder
-// still counts on it (see Lock). An error that wraps a *sskv.ServiceError is the store's refusal
-// (e.g. sskv.ErrTimestampSkew): nothing was acquired. Any other error means
-// the outcome is unknown (a timeout, a lost connection): the Lock holds
+// error. When it does not acquire it, it reads the key (GET): a key that
+// will never be released to this Lock (a Semaphore's record, an election's
+// under a Lock without FenceKey: see [ErrNotALock]) gives an error wrapping
+// ErrNotALock, not false. Within a TTL of a reconnect of the client it
+// reports false without trying: the key may have vanished with a store
+// restart while its holder still counts on it (see Lock). An error that
+// wraps a *sskv.ServiceError is the store's refusal (e.g.
+// sskv.ErrTimestampSkew): nothing was acquired. Any other error means the
+// outcome is unknown (a timeout, a lost connection): the Lock holds
 // nothing, and deletes the key if it took it, in the background (TryLock
 // returns by ctx's deadline), before its next acquisition or Close goes
 // ahead.
 func (l *Lock) TryLock(ctx context.Context) (bool, error) {
-	return l.tryLock(ctx, hlc.Timestamp{})
+	ok, err := l.tryLock(ctx, hlc.Timestamp{})
+	if ok || err != nil {
+		return ok, err
+	}
+	// Held (or held off): by a holder that releases it, or by something
+	// that never will?
+	if err := checkKey(ctx, l.c, &l.cfg); errors.Is(err, ErrNotALock) {
+		return false, l.wrap("", err)
+	} else if err != nil {
+		l.log.Debug("could not read the key held", "error", err)
+	}
+	return false, nil
 }
 
 // tryLock is TryLock with the SET that takes the key fenced with ft
@@ -197,7 +212,10 @@ func (l *Lock) tryLock(ctx context.Context, ft hlc.Timestamp) (bool, error) {
 // error wrapping ErrClosed. A request the store refuses (a
 // *sskv.ServiceError, e.g. sskv.ErrTimestampSkew: this client's clock is
 // more than a minute ahead of the store's) ends Lock at once with that
-// error: the same request would be refused again. Timeouts and lost
+// error: the same request would be refused again. So does a key that will
+// never be released to this Lock, with an error wrapping [ErrNotALock]: a
+// Semaphore's record, a lock's record of the other FenceKey setting (an
+// election's, say), or a value no lock writes. Timeouts and lost
 // connections are retried.
 func (l *Lock) Lock(ctx context.Context) error {
 	ctx = l.bind(ctx)

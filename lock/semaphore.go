@@ -269,7 +269,7 @@ func (s *Semaphore) tryAll(ctx context.Context, n, start int) (bool, error) {
 	var first error
 	for k := range n {
 		i := (start + k) % n
-		ok, err := s.slots[i].TryLock(ctx)
+		ok, err := s.slots[i].tryLock(ctx, hlc.Timestamp{}) // TryLock without its read of a held key
 		if ok {
 			s.setHolding(i, n)
 			return true, nil

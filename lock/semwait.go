@@ -401,7 +401,7 @@ func (cv *cover) tryFreed(ctx context.Context) (int, time.Time) {
 	slots, _, next := cv.due(ctx) // TryLock checks its own connection's hold-off
 	for _, j := range slots {
 		l := cv.s.slots[j]
-		ok, err := l.TryLock(ctx)
+		ok, err := l.tryLock(ctx, hlc.Timestamp{}) // TryLock without its read of a held key
 		if ok {
 			return j, time.Time{}
 		}

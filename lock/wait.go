@@ -121,6 +121,7 @@ func (r *racer) wait(ctx context.Context) (unknown bool, err error) {
 		lost      bool          // a check woken by a deletion lost the race to another waiter
 		delayed   bool          // the delay timer wakes a deletion's check (not a retry)
 		seenHeld  bool          // an attempt or the watch found the key held
+		known     bool          // the key's value was read since the watch began, or the last recheck (see checkRecord)
 		holdUntil time.Time     // no attempt before: the key may be held in someone's belief
 		// Made when first needed: a waiter that sleeps while the holder
 		// renews needs only its watch and the recheck timer.
@@ -200,6 +201,23 @@ func (r *racer) wait(ctx context.Context) (unknown bool, err error) {
 					}
 					lost = lost || woken
 					seenHeld = true
+					if w != nil && !known {
+						// Held by a holder that releases it, or by something
+						// that never will? Once the watch is on, its
+						// notifications show every later value.
+						rctx, cancel := r.until(ctx, time.Now().Add(ttl))
+						kerr := checkKey(rctx, r.c, &r.cfg)
+						cancel()
+						switch {
+						case kerr == nil:
+							known = true
+						case errors.Is(kerr, ErrNotALock) || ctx.Err() != nil || errors.Is(kerr, sskv.ErrClosed) || refused(kerr):
+							return unknown, kerr
+						default:
+							r.log.Debug("could not read the key held; retrying", "error", kerr)
+							retryLater()
+						}
+					}
 				}
 				woken = false
 			}
@@ -235,6 +253,9 @@ func (r *racer) wait(ctx context.Context) (unknown bool, err error) {
 		if fired&(recheckTimer|holdTimer) != 0 {
 			check = true
 		}
+		if fired&recheckTimer != 0 {
+			known = false // a notification may have been lost unseen
+		}
 		for _, ev := range evs {
 			if ev.Op == sskv.OpDelete || ev.Resync {
 				// Released or expired (or changed while notifications were
@@ -258,6 +279,9 @@ func (r *racer) wait(ctx context.Context) (unknown bool, err error) {
 			}
 			if ev.Op == sskv.OpSet {
 				seenHeld = true // the holder renewing, or a new holder: keep sleeping
+				if err := checkRecord(r.cfg.FenceKey, ev.Value); err != nil {
+					return unknown, err // a value that will never be released
+				}
 			}
 		}
 		if ended && w != nil {
@@ -269,7 +293,7 @@ func (r *racer) wait(ctx context.Context) (unknown bool, err error) {
 			r.log.Debug("watch ended; watching again", "error", w.Err())
 			r.ww.end()
 			w, r.ww = nil, waitWatch{}
-			check = true
+			check, known = true, false
 		}
 	}
 }
@@ -296,6 +320,17 @@ func (r *racer) watchKey(ctx context.Context, box *waitBox) (*sskv.Watcher, erro
 		return nil, err
 	}
 	return w, nil
+}
+
+// checkKey reads the key of a lock of cfg, and returns an error wrapping
+// ErrNotALock if it holds something that will never be released to that
+// lock (see checkRecord), or the read's error.
+func checkKey(ctx context.Context, c *sskv.Client, cfg *Config) error {
+	res, err := c.Get(ctx, cfg.Name)
+	if err != nil {
+		return err
+	}
+	return checkRecord(cfg.FenceKey, res.Value)
 }
 
 // stopTimer stops t unless it is nil.
@@ -640,6 +675,10 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 						return unknown, err
 					}
 					continue
+				}
+				if err := checkRecord(l.cfg.FenceKey, res.Value); err != nil {
+					// It will never be released: waiting would last forever.
+					return unknown, err
 				}
 				h := ParseHolder(res.Value, res.Version)
 				switch {

@@ -74,6 +74,9 @@ func runLocked(ctx context.Context, c *sskv.Client, name string, limit int, argv
 			fmt.Fprintf(stderr, "sskv: lock %q: interrupted while waiting\n", name)
 			return exitError
 		}
+		if errors.Is(err, lock.ErrNotALock) { // waiting would last forever: say what fits the key
+			err = fmt.Errorf("%w\n(not waiting: -n N holds a slot of a semaphore; 'sskv elect NAME' campaigns in an election)", err)
+		}
 		return fail(stderr, err)
 	}
 	defer func() {
