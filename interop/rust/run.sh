@@ -16,7 +16,7 @@ if ! command -v cargo >/dev/null; then
 	echo "interop/rust: cargo not found on PATH; install Rust (rustup) to run this check" >&2
 	exit 2
 fi
-export CARGO_TARGET_DIR=${DSSLOCK_RUST_TARGET:-$HOME/.cache/dsslock/rust-target}
+export CARGO_TARGET_DIR=${DSSLOCK_RUST_TARGET:-${HOME:-/tmp}/.cache/dsslock/rust-target}
 
 tmp=$(mktemp -d)
 store_pid=
