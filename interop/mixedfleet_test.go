@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net"
 	"slices"
@@ -58,8 +59,8 @@ const (
 //     the expiry after the last renewal, whichever came first;
 //   - both sides keep making progress: each acquires at least mixMinAcquired
 //     times within mixMaxRun, crashes of either side included (each worker's
-//     second holding ends in a crash, its fourth in a cut connection, and
-//     later ones in either, at random, one in ten each).
+//     second holding ends in a crash, its third has a stall (fateStall), its
+//     fourth a cut connection, and later ones any of these, at random).
 //
 // An SDK holder has no renew deadline and no way to learn that its key
 // expired: after a stall longer than its lease it goes on believing. Such
@@ -120,8 +121,9 @@ func TestMixedFleet(t *testing.T) {
 
 	var acquired [2]int
 	owner := make(map[*interval]*holding)
-	var sdkOverlaps, sdkOverlapHoldings int
+	var sdkOverlaps, sdkOverlapHoldings, sdkOverlapOthers int
 	var sdkWorst time.Duration
+	dssExpired, dssClosest := 0, time.Duration(math.MaxInt64)
 	for _, h := range holdings {
 		acquired[h.side]++
 		iv := match(ivs, h)
@@ -140,6 +142,10 @@ func TestMixedFleet(t *testing.T) {
 				h, first.Format(time.StampMicro), iv.start.Format(time.StampMicro))
 		}
 		over := last.Sub(iv.end)
+		if h.side == sideDsslock && iv.how == "expired" && h.how != "crashed" {
+			dssExpired++
+			dssClosest = min(dssClosest, -over)
+		}
 		if over <= mixSlack {
 			continue
 		}
@@ -149,6 +155,9 @@ func TestMixedFleet(t *testing.T) {
 			continue
 		}
 		sdkOverlapHoldings++
+		if next := nextInterval(ivs, iv); next != nil && next.start.Before(last) {
+			sdkOverlapOthers++
+		}
 		for _, p := range h.points {
 			if p.Sub(iv.end) > mixSlack {
 				sdkOverlaps++
@@ -157,11 +166,27 @@ func TestMixedFleet(t *testing.T) {
 		sdkWorst = max(sdkWorst, over)
 	}
 
-	t.Logf("in %v: acquisitions dsslock %d, SDK %d (crashes: dsslock %d, SDK %d; connection cuts while holding: dsslock %d, SDK %d; dsslock holdings lost %d)",
+	t.Logf("in %v: acquisitions dsslock %d, SDK %d (crashes: dsslock %d, SDK %d; connection cuts while holding: dsslock %d, SDK %d; stalls while holding: dsslock %d, SDK %d; dsslock holdings lost %d)",
 		ran.Round(time.Millisecond), acquired[sideDsslock], acquired[sideSDK], j.crashes[sideDsslock], j.crashes[sideSDK],
-		j.cuts[sideDsslock], j.cuts[sideSDK], j.lost)
-	t.Logf("SDK holders believing they held after their key ended (the SDK's, not a failure): %d holdings, %d moments, worst %v past the end",
-		sdkOverlapHoldings, sdkOverlaps, sdkWorst)
+		j.cuts[sideDsslock], j.cuts[sideSDK], j.stalls[sideDsslock], j.stalls[sideSDK], j.lost)
+	if dssExpired > 0 {
+		t.Logf("dsslock holdings whose key expired (not deleted): %d; the closest a belief came to the expiry: %v before it",
+			dssExpired, dssClosest)
+	}
+	t.Logf("SDK holders believing they held after their key ended (the SDK's, not a failure): %d holdings (%d of them while another replica held the key), %d moments, worst %v past the end",
+		sdkOverlapHoldings, sdkOverlapOthers, sdkOverlaps, sdkWorst)
+	for side := range side2name {
+		var ws []time.Duration
+		for _, h := range holdings {
+			if h.side == side {
+				ws = append(ws, h.waited)
+			}
+		}
+		if len(ws) > 0 {
+			slices.Sort(ws)
+			t.Logf("%s Lock calls: median %v, longest %v", side2name[side], ws[len(ws)/2].Round(time.Millisecond), ws[len(ws)-1].Round(time.Millisecond))
+		}
+	}
 	renewals := 0
 	for _, iv := range ivs {
 		renewals += len(iv.setVersion) - 1
@@ -189,6 +214,7 @@ type holding struct {
 	token  hlc.Timestamp // the version of the SET that took the key
 	points []time.Time   // moments at which it believed it held
 	how    string        // how it ended
+	waited time.Duration // how long its Lock call took
 }
 
 func (h *holding) String() string {
@@ -204,6 +230,7 @@ type journal struct {
 	hs      []*holding
 	crashes [2]int
 	cuts    [2]int
+	stalls  [2]int
 	lost    int
 	added   chan struct{} // a holding was added
 }
@@ -234,9 +261,10 @@ func (j *journal) acquired() [2]int {
 	return n
 }
 
-func (j *journal) cut(side int) {
+// count adds one to (*what)[side].
+func (j *journal) count(what *[2]int, side int) {
 	j.mu.Lock()
-	j.cuts[side]++
+	what[side]++
 	j.mu.Unlock()
 }
 
@@ -253,6 +281,11 @@ const (
 	fateRelease fate = iota // hold, then release
 	fateCut                 // lose the connection while holding, then release
 	fateCrash               // crash while holding: never release
+	// fateStall is a stall longer than the lease while holding: the holder
+	// means to hold 1.5 leases more. An SDK holder, paused, goes on as if it
+	// still held (it does not renew); a dsslock holder's network is down for
+	// 0.5 to 1.5 TTLs, so that its renewals cannot get through.
+	fateStall
 )
 
 // pickFate returns the fate of a worker's n-th holding (from 1).
@@ -260,21 +293,26 @@ func pickFate(n int) fate {
 	switch n {
 	case 2:
 		return fateCrash
+	case 3:
+		return fateStall
 	case 4:
 		return fateCut
 	}
-	switch r := rand.IntN(10); {
-	case r == 0:
+	switch r := rand.IntN(20); {
+	case r < 2:
 		return fateCrash
-	case r == 1:
+	case r < 4:
 		return fateCut
+	case r < 5:
+		return fateStall
 	default:
 		return fateRelease
 	}
 }
 
 // mixWorker is one replica. Its connection goes through a proxy of its own,
-// which cuts it (fateCut) or shuts it for good (fateCrash). A crashed worker
+// which cuts it (fateCut), refuses it for a while (fateStall) or shuts it for
+// good (fateCrash). A crashed worker
 // starts again as a new process would: new proxy, new client, new client id.
 type mixWorker struct {
 	e    *env
@@ -312,7 +350,17 @@ func (w *mixWorker) holdLoop(ctx context.Context, h *holding, hold time.Duration
 				return "crashed"
 			case fateCut:
 				w.proxy.cut()
-				w.j.cut(h.side)
+				w.j.count(&w.j.cuts, h.side)
+			case fateStall:
+				w.j.count(&w.j.stalls, h.side)
+				hold = now.Sub(start) + 3*mixTTL/2
+				if h.side == sideSDK {
+					break
+				}
+				p := w.proxy
+				p.setDown(true)
+				p.cut()
+				time.AfterFunc(randDuration(mixTTL/2, 3*mixTTL/2), func() { p.setDown(false) })
 			}
 		}
 		if now.Sub(start) >= hold || ctx.Err() != nil {
@@ -393,13 +441,14 @@ func (w *mixWorker) runDsslock(ctx context.Context) {
 				return
 			}
 		}
+		began := time.Now()
 		if err := l.Lock(ctx); err != nil {
 			if ctx.Err() == nil {
 				t.Errorf("dsslock worker %s: Lock: %v", w.name, err)
 			}
 			return
 		}
-		h := &holding{side: sideDsslock, worker: w.name, holder: l.HolderID(), token: l.Token()}
+		h := &holding{side: sideDsslock, worker: w.name, holder: l.HolderID(), token: l.Token(), waited: time.Since(began)}
 		believe := func() bool { _, err := l.FencingToken(); return err == nil }
 		crash := func() {
 			// As kill -9: the connection ends without a DISCONNECT, and
@@ -464,6 +513,7 @@ func (w *mixWorker) runSDK(ctx context.Context) {
 		}
 		// A waiter gives up after waitTimeout and tries again: the SDK's
 		// Lock would otherwise wait forever for a DELETE it missed.
+		began := time.Now()
 		err := lk.Lock(ctx, mixTTL, leasedlock.WithTimeout(waitTimeout))
 		if err != nil {
 			if ctx.Err() != nil {
@@ -486,7 +536,7 @@ func (w *mixWorker) runSDK(ctx context.Context) {
 			t.Errorf("SDK worker %s: token %q: %v", w.name, tok.String(), err)
 			return
 		}
-		h := &holding{side: sideSDK, worker: w.name, holder: c.id, token: token}
+		h := &holding{side: sideSDK, worker: w.name, holder: c.id, token: token, waited: time.Since(began)}
 		crash := func() {
 			// As kill -9: the connection ends without a DISCONNECT, and
 			// nothing of this process acts again; the key expires.
@@ -632,6 +682,14 @@ func match(ivs []*interval, h *holding) *interval {
 		if iv.value == h.holder && slices.Contains(iv.setVersion, h.token) {
 			return iv
 		}
+	}
+	return nil
+}
+
+// nextInterval returns the interval after iv, or nil.
+func nextInterval(ivs []*interval, iv *interval) *interval {
+	if i := slices.Index(ivs, iv); i >= 0 && i+1 < len(ivs) {
+		return ivs[i+1]
 	}
 	return nil
 }
@@ -826,5 +884,26 @@ func TestPlainRelockLeavesKeyUnfenced(t *testing.T) {
 	}
 	if g, err := s.ss.Get(e.ctx, key); err != nil || !g.Version.IsZero() {
 		t.Errorf("key after Unlock = %q (version %v), %v; want it deleted", g.Value, g.Version, err)
+	}
+}
+
+// TestHolderIDRule shows why docs/migrating.md forbids a dsslock HolderID
+// equal to an SDK holder's name (its client id): SET NEX lets whoever writes
+// the value already there "renew" the key, so the SDK replica takes a key
+// the dsslock Lock holds, and both believe they hold it.
+func TestHolderIDRule(t *testing.T) {
+	e := newEnv(t)
+	key := e.key("lock")
+	s := e.newClient("sdk")
+	l := e.ourLock(e.ourClient("rule"), lock.Config{Name: key, TTL: 10 * time.Second, HolderID: s.id})
+	if err := l.Lock(e.ctx); err != nil {
+		t.Fatalf("Lock: %v", err)
+	}
+	ok, err := leasedlock.NewLease(s.ss, key).Acquire(e.ctx, 10*time.Second)
+	if err != nil || !ok {
+		t.Fatalf("SDK Acquire while a dsslock Lock with the SDK's name holds = %v, %v; want true (the rule's reason)", ok, err)
+	}
+	if _, err := l.FencingToken(); err != nil {
+		t.Fatalf("the dsslock Lock no longer holds: %v", err)
 	}
 }
