@@ -177,6 +177,13 @@ type client struct {
 // newClient connects a new SDK client to the store under test. It fails the
 // test (rather than hanging) if the connection cannot be made in time.
 func (e *env) newClient(name string) *client {
+	e.t.Helper()
+	return e.newClientAt(name, storeHost, storePort)
+}
+
+// newClientAt is newClient through host:port (a proxy in front of the store,
+// say) instead of the store's own address.
+func (e *env) newClientAt(name, host string, port uint16) *client {
 	t := e.t
 	t.Helper()
 
@@ -196,7 +203,7 @@ func (e *env) newClient(name string) *client {
 
 	mc, err := mqtt.NewSessionClient(
 		id,
-		mqtt.TCPConnection(storeHost, storePort),
+		mqtt.TCPConnection(host, port),
 		mqtt.WithConnectionTimeout(5*time.Second),
 		mqtt.WithConnectionRetry(&retry.ExponentialBackoff{
 			MaxAttempts: 4,
