@@ -686,8 +686,11 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 					if done, err := try(hlc.Timestamp{}, false); done {
 						return unknown, err
 					}
-				case bytes.Equal(res.Value, l.acqRecord()):
-					// A reservation for this Lock (FenceKey).
+				case l.cfg.FenceKey && bytes.Equal(res.Value, l.acqRecord()):
+					// A reservation for this Lock. Only FenceKey reserves:
+					// without it the record is this Lock's own, left by a
+					// holding whose release did not reach the store, and a
+					// fenced SET would fence a plain lock's key.
 					if done, err := try(res.Version, false); done {
 						return unknown, err
 					}
