@@ -37,11 +37,11 @@ type job struct {
 // stderr under a supervisor. grace is how long processes that COMMAND left
 // running when it exited have between SIGTERM and SIGKILL.
 func startJob(argv, env []string, grace time.Duration, stdin io.Reader, stdout, stderr io.Writer) (*job, error) {
-	// Look COMMAND up here, so that a missing one is reported as any error
-	// of sskv.
-	cmd := exec.Command(argv[0])
-	if cmd.Err != nil {
-		return nil, cmd.Err
+	// Look COMMAND up here, so that a missing or not executable one is
+	// reported as any other error of sskv.
+	path, err := exec.LookPath(argv[0])
+	if err != nil {
+		return nil, err
 	}
 	r, w, err := os.Pipe() // close-on-exec: no one else gets w
 	if err != nil {
@@ -50,7 +50,7 @@ func startJob(argv, env []string, grace time.Duration, stdin io.Reader, stdout, 
 	// /proc/self/exe, not os.Executable: it is this program even if its
 	// file was replaced or removed since it started.
 	sup := exec.Command("/proc/self/exe")
-	sup.Args = append([]string{supervisorArg0, grace.String(), cmd.Path}, argv...)
+	sup.Args = append([]string{supervisorArg0, grace.String(), path}, argv...)
 	sup.Env = env
 	sup.Stdin, sup.Stdout, sup.Stderr = stdin, stdout, stderr
 	sup.ExtraFiles = []*os.File{r} // its fd 3

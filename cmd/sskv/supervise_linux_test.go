@@ -360,6 +360,18 @@ func TestLockEndsWhatCommandLeft(t *testing.T) {
 	sskvRun(t, "-addr", srv.Addr(), "get", "l").want(t, exitNotMet, "", "(not found)")
 }
 
+// A COMMAND that cannot be run is reported as before the supervisor: an
+// error of sskv, with the lock's name.
+func TestLockCommandNotExecutable(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	f := filepath.Join(t.TempDir(), "script")
+	if err := os.WriteFile(f, []byte("#!/bin/sh\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sskvRun(t, "-addr", srv.Addr(), "lock", "l", "--", f).want(t, exitError, "", `sskv: lock "l": exec: "`+f+`": permission denied`)
+	sskvRun(t, "-addr", srv.Addr(), "get", "l").want(t, exitNotMet, "", "(not found)")
+}
+
 func TestParseStat(t *testing.T) {
 	for _, tc := range []struct {
 		in   string
