@@ -83,8 +83,9 @@ func supervise(args []string, ctl io.Reader, stderr io.Writer) int {
 	cmd := &exec.Cmd{
 		Path: args[1], Args: args[2:],
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
-		// Sent when the thread that forks exits: no thread of the
-		// supervisor exits before it does (none is locked by a goroutine).
+		// Sent when the thread that forks exits (golang/go#27505): here
+		// the main thread, to which init is locked, and which exits
+		// only with the supervisor.
 		SysProcAttr: &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL},
 	}
 	if err := cmd.Start(); err != nil {
@@ -292,9 +293,10 @@ func (s *supervisor) signalTree(sig syscall.Signal) int {
 // tree, adds it to tree if it is a child, and reports whether it signalled
 // it.
 func (s *supervisor) signal(pid int, sig syscall.Signal, tree map[int]bool) bool {
-	// A pidfd (since Linux 5.3): p is the process that has the number pid
-	// now, even if it exits and another one gets the number. Its parent
-	// is read again after: if p still lives then, that is p's.
+	// A pidfd (since Linux 5.3; before, only the number): p is the process
+	// that has the number pid now, even if it exits and another one gets
+	// the number. Its parent is read again after: if p still lives then,
+	// that is p's.
 	p, err := os.FindProcess(pid)
 	if err != nil {
 		return false
