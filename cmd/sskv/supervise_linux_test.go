@@ -367,6 +367,18 @@ func TestLockEndsWhatCommandLeft(t *testing.T) {
 	sskvRun(t, "-addr", srv.Addr(), "get", "l").want(t, exitNotMet, "", "(not found)")
 }
 
+// SIGINT to sskv reaches COMMAND through the supervisor, as SIGTERM does
+// (TestLockPassesSignalsOn).
+func TestLockPassesInterruptOn(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	cue := fifo(t)
+	p := startSSKV(t, "-addr", srv.Addr(), "lock", "l", "--", "sh", "-c", `trap 'exit 5' INT; echo up > "$0"; while :; do sleep 0.01; done`, cue)
+	readFIFO(t, cue)
+	p.signal(t, syscall.SIGINT)
+	p.wantExit(t, 5, "")
+	sskvRun(t, "-addr", srv.Addr(), "get", "l").want(t, exitNotMet, "", "(not found)")
+}
+
 // A COMMAND that cannot be run is reported as before the supervisor: an
 // error of sskv, with the lock's name.
 func TestLockCommandNotExecutable(t *testing.T) {
