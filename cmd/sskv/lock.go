@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"os/signal"
 	"strconv"
 	"strings"
@@ -87,55 +86,52 @@ func runLocked(ctx context.Context, c *sskv.Client, name string, limit int, argv
 		}
 	}()
 
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
 	if s, ok := l.(*lock.Semaphore); ok {
 		env[len(env)-1] = envSlot + "=" + strconv.Itoa(s.Slot())
 	}
-	cmd.Env = append(append(os.Environ(), envToken+"="+l.Token().String()), env...)
-	if err := cmd.Start(); err != nil {
+	env = append(append(os.Environ(), envToken+"="+l.Token().String()), env...)
+	j, err := startJob(argv, env, grace, stdin, stdout, stderr)
+	if err != nil {
 		return fail(stderr, fmt.Errorf("lock %q: %w", name, err))
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	type result struct {
+		code int
+		err  error
+	}
+	exited := make(chan result, 1)
+	go func() {
+		code, err := j.wait() // once COMMAND and (on Linux) all it started are gone
+		exited <- result{code, err}
+	}()
 
 	// The store can expire the key TTL - RenewDeadline (grace) after the
 	// holder noticed the loss: the command must be gone by then.
 	var (
 		lost <-chan struct{} = l.Done()
 		kill <-chan time.Time
-		err2 error
 	)
-	for done := false; !done; {
+	for {
 		select {
-		case err2 = <-exited:
-			done = true
+		case r := <-exited:
+			switch {
+			case lost == nil:
+				return exitLost
+			case r.err != nil:
+				return fail(stderr, r.err)
+			}
+			return r.code
 		case s := <-sigs:
-			_ = cmd.Process.Signal(s)
+			j.signal(s)
 		case <-lost:
 			lost = nil
 			fmt.Fprintf(stderr, "sskv: lock %q %s; sending SIGTERM to %s\n", name, strings.TrimPrefix(l.Err().Error(), "lock: "), argv[0])
-			_ = cmd.Process.Signal(syscall.SIGTERM)
+			j.terminate()
 			t := time.NewTimer(grace)
 			defer t.Stop()
 			kill = t.C
 		case <-kill:
 			fmt.Fprintf(stderr, "sskv: %s still running %v after SIGTERM; killing it\n", argv[0], grace)
-			_ = cmd.Process.Kill()
+			j.kill()
 		}
 	}
-	if lost == nil {
-		return exitLost
-	}
-	var ee *exec.ExitError
-	switch {
-	case err2 == nil:
-		return exitOK
-	case errors.As(err2, &ee):
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return 128 + int(ws.Signal())
-		}
-		return ee.ExitCode()
-	}
-	return fail(stderr, err2)
 }

@@ -267,12 +267,34 @@ change N, delete the key while no run holds a slot: "sskv del NAME".
 
 	sskv lock -n 2 fleet/firmware -- ./upgrade.sh   # at most 2 at once
 
-SIGINT and SIGTERM sent to sskv are passed on to COMMAND; the lock is
-released after COMMAND exits. If the lock is lost while COMMAND runs (no
-renewal succeeded within two thirds of the TTL, or someone else took it),
-COMMAND gets SIGTERM, then SIGKILL if it has not exited when the store
-could expire the lock (a third of the TTL later), and sskv exits with
-status 4, the reason on stderr. Give -- before COMMAND when it has flags.`,
+SIGINT and SIGTERM sent to sskv are passed on to COMMAND. The lock is
+released only once COMMAND and every process it started have exited:
+those it leaves running get SIGTERM when it exits, then SIGKILL a third of
+the TTL later. If the lock is lost while COMMAND runs (no renewal
+succeeded within two thirds of the TTL, or someone else took it), COMMAND
+and every process it started get SIGTERM, then SIGKILL when the store could
+expire the lock (a third of the TTL later), and sskv exits with status 4,
+the reason on stderr. Give -- before COMMAND when it has flags.
+
+If sskv itself ends (kill -9, a crash), COMMAND and every process it
+started are killed at once, before the lock can expire: on Linux, sskv
+runs COMMAND under a supervisor, a second sskv process that adopts every
+process of COMMAND's tree, whatever process group or session it moves to,
+and kills them all when sskv is gone. Still possible:
+  - the machine, or sskv alone (SIGSTOP, a debugger), pausing for longer
+    than the TTL: COMMAND's processes may run on after the lock expired
+    and another holder's COMMAND started;
+  - the supervisor killed (by kill -9 of sskv's whole process group, or
+    the OOM killer): COMMAND gets SIGKILL too, but processes it started
+    may run on;
+  - processes COMMAND had others start, outside its tree (a service
+    manager, at, a container runtime, ssh to another host), or that sskv
+    may not signal (run as another user, by sudo say).
+Elsewhere than on Linux there is no supervisor: signals and SIGKILL reach
+COMMAND alone, and COMMAND runs on if sskv is killed. Against all of
+these, make COMMAND's writes fenced: "sskv set -ft $DSSLOCK_TOKEN" (or
+the library's fenced package), which the store refuses once a later
+holder has written the same key.`,
 		flags: func(fs *flag.FlagSet, o *cmdOpts) {
 			durationFlag(fs, &o.ttl, "ttl", lock.DefaultTTL, "the lease `DURATION`: how long the lock outlives its holder's last renewal")
 			fs.IntVar(&o.limit, "n", 0, "hold one of `N` slots of the semaphore NAME, so that up to N commands run at once\n(default: a lock, one at a time)")
