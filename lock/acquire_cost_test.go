@@ -57,7 +57,10 @@ func TestAcquireWaitersCostNoGoroutine(t *testing.T) {
 	if d := srv.Requests(c.ID()) - reqs; d != 0 {
 		t.Errorf("sleeping waiters sent %d requests in 2 s", d)
 	}
-	if g := runtime.NumGoroutine() - before; g > n+5 {
-		t.Errorf("%d waiters added %d goroutines; want about %d (their callers')", n, g, n)
-	}
+	// Goroutines that were ending anyway (a callback of the client's, a
+	// timer's) may still be counted on a loaded machine: what must hold is
+	// that none stays.
+	waitFor(t, fmt.Sprintf("the %d waiters' goroutines to be only their callers'", n), func() bool {
+		return runtime.NumGoroutine()-before <= n+5
+	})
 }
