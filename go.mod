@@ -14,5 +14,7 @@ require (
 
 require (
 	github.com/gorilla/websocket v1.5.3 // indirect
+	go.etcd.io/bbolt v1.5.0 // indirect
 	golang.org/x/net v0.43.0 // indirect
+	golang.org/x/sys v0.45.0 // indirect
 )
