@@ -107,6 +107,7 @@ func TestStandaloneKill9(t *testing.T) {
 	const writers, keysPerWriter = 16, 2
 	last := map[string]acked{}
 	var issued hlc.Timestamp // the newest version seen before the last kill
+	var writes int            // persisted writes acknowledged, over all rounds
 	p := startPersisting(t, addr, args...)
 	for round := range rounds {
 		c, err := sskv.Dial(context.Background(), sskv.Config{Addr: addr, ClientID: fmt.Sprintf("kill9-%d", round),
@@ -180,6 +181,7 @@ func TestStandaloneKill9(t *testing.T) {
 						if s.Version.Compare(last[key].version) > 0 {
 							last[key] = acked{s.Version, value}
 						}
+						writes++
 						mu.Unlock()
 					}
 				}
@@ -196,7 +198,7 @@ func TestStandaloneKill9(t *testing.T) {
 	if len(last) == 0 {
 		t.Fatal("no write was acknowledged in any round")
 	}
-	t.Logf("%d kills; %d keys checked after each", rounds, len(last))
+	t.Logf("%d kills; %d persisted writes acknowledged, %d keys checked after each restart", rounds, writes, len(last))
 }
 
 // TestStandalonePersistedExpiryAndFence: across a kill -9 and restart, a
