@@ -107,7 +107,7 @@ func TestStandaloneKill9(t *testing.T) {
 	const writers, keysPerWriter = 16, 2
 	last := map[string]acked{}
 	var issued hlc.Timestamp // the newest version seen before the last kill
-	var writes int            // persisted writes acknowledged, over all rounds
+	var writes int           // persisted writes acknowledged, over all rounds
 	p := startPersisting(t, addr, args...)
 	for round := range rounds {
 		c, err := sskv.Dial(context.Background(), sskv.Config{Addr: addr, ClientID: fmt.Sprintf("kill9-%d", round),
