@@ -17,15 +17,17 @@
 // As the service's broker, it can keep keys across a restart, in a data
 // directory:
 //
-//		statestore -data-dir ./ss-data -persist dynamic
-//		statestore -data-dir ./ss-data -persist all
+//	statestore -data-dir ./ss-data -persist dynamic
+//	statestore -data-dir ./ss-data -persist all
 //
-//	  - -persist none (default): every key is lost when the store stops.
-//	  - -persist dynamic: keys whose SET carried the user property
-//	    aio-persistence: true (sskv's SetOptions.Persist, the Go SDK's
-//	    WithPersist) are kept, the service's dynamic persistence; a later
-//	    SET without it makes the key memory-only again.
-//	  - -persist all: every key is kept.
+// The modes of -persist:
+//
+//   - none (default): every key is lost when the store stops.
+//   - dynamic: keys whose SET carried the user property
+//     aio-persistence: true (sskv's SetOptions.Persist, the Go SDK's
+//     WithPersist) are kept, the service's dynamic persistence; a later
+//     SET without it makes the key memory-only again.
+//   - all: every key is kept.
 //
 // A kept key comes back with its value, version, fencing token and expiry
 // (a key whose expiry passed while the store was down is gone); versions go
