@@ -142,6 +142,7 @@ type persister struct {
 	wall func() time.Time // the HLC's wall clock
 
 	mu       sync.Mutex
+	closed   bool   // close has committed the last batch: open is a finished one
 	open     *batch // collecting
 	inflight *batch // being committed; nil when none
 	hwm      atomic.Int64
@@ -279,7 +280,9 @@ func (p *persister) start() { go p.run() }
 func (p *persister) add(op diskOp) *batch {
 	p.mu.Lock()
 	b := p.open
-	b.ops = append(b.ops, op)
+	if !p.closed { // else b failed with errStoreClosed
+		b.ops = append(b.ops, op)
+	}
 	p.mu.Unlock()
 	select {
 	case p.kick <- struct{}{}:
@@ -447,10 +450,27 @@ func (p *persister) storeHWM(hwm int64) {
 	}
 }
 
-// close commits what is queued and closes the engine.
+// errStoreClosed fails the writes of requests executed as the store closed,
+// after its last commit.
+var errStoreClosed = errors.New("localstore: the store closed")
+
+// close commits what is queued and closes the engine. A write queued after
+// that (a request the broker was still executing) fails, so that no
+// answer waits for ever.
 func (p *persister) close() error {
 	close(p.stop)
 	<-p.done
+	p.mu.Lock()
+	p.closed = true
+	last := p.open
+	p.open = newBatch()
+	p.open.err = errStoreClosed
+	close(p.open.done)
+	p.mu.Unlock()
+	if len(last.ops) > 0 {
+		last.err = errStoreClosed
+	}
+	close(last.done)
 	return p.db.Close()
 }
 
