@@ -429,8 +429,9 @@ func (s *Server) TLSAddr() string {
 // goroutine of the server has ended. Clients that do not take their DISCONNECT
 // within Config.CloseTimeout have their connections cut, so Close never hangs;
 // those whose traffic from the store is held (Hold) are cut at once. Delayed
-// responses (SetResponseFault) not yet sent are discarded. Data is kept in
-// memory only: it is gone after Close.
+// responses (SetResponseFault) not yet sent are discarded. Keys not
+// persisted (see Config.Persist) are gone after Close; persisted ones are
+// committed to Config.DataDir first, and the data directory is released.
 func (s *Server) Close() error {
 	s.closeOnce.Do(func() {
 		s.closed.Store(true)
@@ -531,9 +532,17 @@ func (s *Server) SetClockOffset(d time.Duration) {
 	s.offset.Store(int64(d))
 }
 
-// Now returns the store's current hybrid logical clock time (it ticks the clock).
+// Now returns the store's current hybrid logical clock time (it ticks the
+// clock). A store that persists keys issues no version at or below it
+// after a restart either.
 func (s *Server) Now() hlc.Timestamp {
-	return s.clock.Now()
+	ts := s.clock.Now()
+	if s.persist != nil {
+		if err := s.persist.raiseHWM(ts.Wall); err != nil {
+			s.log.Warn("could not persist the high-water mark of versions", "error", err)
+		}
+	}
+	return ts
 }
 
 // Len returns the number of keys stored (expired keys not yet collected may
