@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -179,24 +180,23 @@ func openPersister(dir string, log *slog.Logger, wall func() time.Time, load fun
 	// a crash. (Faults become panics only on this goroutine, which opens
 	// and loads the file.)
 	path := filepath.Join(dir, dataFile)
+	var db *bolt.DB
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("localstore: %s is corrupt: %v (move it away to start empty)", path, r)
+			p, err = nil, fmt.Errorf("localstore: %s is corrupt: %v (move it away to start empty)", path, r)
+		}
+		if err != nil && db != nil {
+			_ = db.Close() // releases its lock on the file
 		}
 	}()
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 200 * time.Millisecond, FreelistType: bolt.FreelistMapType})
+	db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: 200 * time.Millisecond, FreelistType: bolt.FreelistMapType})
 	switch {
 	case errors.Is(err, bolterrors.ErrTimeout):
 		return nil, fmt.Errorf("%w: %s is locked", ErrDataDirInUse, path)
 	case err != nil:
 		return nil, fmt.Errorf("localstore: opening %s: %w (a corrupt or foreign file: move it away to start empty)", path, err)
 	}
-	defer func() {
-		if err != nil {
-			_ = db.Close()
-		}
-	}()
 	var hwm int64
 	err = db.Update(func(tx *bolt.Tx) error {
 		meta := tx.Bucket(bucketMeta)
@@ -488,9 +488,12 @@ const recordV1 = 1
 // encodeRecord lays r out as: format byte, version wall (8) and counter
 // (4), deadline (8), fence flag (1) [fence wall (8), counter (4), node
 // (uvarint length, bytes)], owner (uvarint length, bytes), key (uvarint
-// length, bytes), value (the rest). Integers are big-endian.
+// length, bytes), value, and a CRC-32C of all that (4): bbolt checks its
+// meta pages, not its data pages, and a flipped bit in a value must fail
+// the store's start rather than come back as the key's value. Integers
+// are big-endian.
 func encodeRecord(r diskRecord) []byte {
-	n := 1 + 12 + 8 + 1 + 3*binary.MaxVarintLen64 + len(r.owner) + len(r.key) + len(r.value)
+	n := 1 + 12 + 8 + 1 + 3*binary.MaxVarintLen64 + len(r.owner) + len(r.key) + len(r.value) + 4
 	if !r.fence.IsZero() {
 		n += 12 + len(r.fence.Node)
 	}
@@ -512,16 +515,23 @@ func encodeRecord(r diskRecord) []byte {
 	b = append(b, r.owner...)
 	b = binary.AppendUvarint(b, uint64(len(r.key)))
 	b = append(b, r.key...)
-	return append(b, r.value...)
+	b = append(b, r.value...)
+	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
 }
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 var errBadRecord = errors.New("malformed record")
 
 // decodeRecord parses what encodeRecord wrote; the slices alias b.
 func decodeRecord(b []byte) (diskRecord, error) {
 	var r diskRecord
-	if len(b) < 1+12+8+1 || b[0] != recordV1 {
+	if len(b) < 1+12+8+1+4 || b[0] != recordV1 {
 		return r, errBadRecord
+	}
+	sum := binary.BigEndian.Uint32(b[len(b)-4:])
+	if b = b[:len(b)-4]; crc32.Checksum(b, castagnoli) != sum {
+		return r, errors.New("checksum mismatch")
 	}
 	r.version.Wall = int64(binary.BigEndian.Uint64(b[1:]))
 	r.version.Counter = binary.BigEndian.Uint32(b[9:])

@@ -172,6 +172,32 @@ func TestPersistBadStart(t *testing.T) {
 		}
 	}
 
+	// Pages in the middle of a real data file overwritten: the store fails
+	// to start, naming the file, and again the next time (the failed start
+	// released the file's lock).
+	mangled := t.TempDir()
+	if err := localstore.FillDataDir(mangled, 5000, 64); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(filepath.Join(mangled, "statestore.db"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, _ := f.Stat()
+	for off := int64(3 * 4096); off < fi.Size(); off += 5 * 4096 {
+		if _, err := f.WriteAt(bytes.Repeat([]byte{0xA5}, 600), off+100); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = f.Close()
+	for range 2 {
+		_, err := localstore.Start(localstore.Config{Persist: localstore.PersistAll, DataDir: mangled})
+		if err == nil || !strings.Contains(err.Error(), "statestore.db") || errors.Is(err, localstore.ErrDataDirInUse) {
+			t.Fatalf("a data file with mangled pages: Start: %v, want an error naming the file", err)
+		}
+		t.Logf("mangled pages: %v", err)
+	}
+
 	if os.Geteuid() != 0 {
 		ro := t.TempDir()
 		if err := os.Chmod(ro, 0o500); err != nil {
