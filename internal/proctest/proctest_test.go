@@ -66,6 +66,12 @@ func TestProcessesPersisted(t *testing.T) {
 		t.Skip("set DSSLOCK_PROCTEST_PERSIST_RUN=1 (or DSSLOCK_PROCTEST_PERSIST=<duration>) to run it")
 	}
 	cfg := config{seed: uint64(time.Now().UnixNano()), faultTime: d, ttl: 3 * time.Second, restarts: true, persist: true}
+	if s := os.Getenv("DSSLOCK_PROCTEST_TTL"); s != "" { // a shorter TTL leaves less time to reconnect
+		var err error
+		if cfg.ttl, err = time.ParseDuration(s); err != nil || cfg.ttl <= 0 {
+			t.Fatalf("DSSLOCK_PROCTEST_TTL=%q: want a positive duration", s)
+		}
+	}
 	if s := os.Getenv("DSSLOCK_SEED"); s != "" {
 		seed, err := strconv.ParseUint(s, 10, 64)
 		if err != nil {
