@@ -15,16 +15,24 @@ import (
 )
 
 // BenchmarkPersistedSet measures SET through one sskv client with 64
-// requests in flight, against a store that keeps keys in memory only
+// requests in flight (and with one: 1-inflight, the latency of a lone SET),
+// against a store that keeps keys in memory only
 // (memory) and one that persists every key (persist-all; each answer waits
 // for its group commit to be durable). ns/op is the inverse of throughput;
 // p50-ms and p99-ms are the latency of one SET. The ratio of the two
 // sub-benchmarks' SET/s is persistence's cost in throughput.
 func BenchmarkPersistedSet(b *testing.B) {
-	for _, mode := range []localstore.PersistMode{localstore.PersistNone, localstore.PersistAll} {
+	for _, bench := range []struct {
+		mode     localstore.PersistMode
+		inflight int
+	}{{localstore.PersistNone, 64}, {localstore.PersistAll, 64}, {localstore.PersistNone, 1}, {localstore.PersistAll, 1}} {
+		mode := bench.mode
 		name := "memory"
 		if mode != localstore.PersistNone {
 			name = "persist-all"
+		}
+		if bench.inflight == 1 {
+			name += "/1-inflight"
 		}
 		b.Run(name, func(b *testing.B) {
 			cfg := localstore.Config{Persist: mode}
@@ -47,11 +55,11 @@ func BenchmarkPersistedSet(b *testing.B) {
 				mu  sync.Mutex
 				lat []time.Duration
 				wg  sync.WaitGroup
-				n   = make(chan int, 64)
+				n   = make(chan int, bench.inflight)
 			)
 			b.ResetTimer()
 			start := time.Now()
-			for g := range 64 {
+			for g := range bench.inflight {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
