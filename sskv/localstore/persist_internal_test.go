@@ -16,9 +16,9 @@ import (
 )
 
 // TestPersistedAnswerWaitsForDisk: a persisted SET is executed at once,
-// but neither its PUBACK nor its answer goes out before its write is
-// durable; both go out once it is. The disk is held up by holding the
-// engine's write transaction.
+// but neither its PUBACK, nor its answer, nor the notification of a
+// watcher goes out before its write is durable; all go out once it is.
+// The disk is held up by holding the engine's write transaction.
 func TestPersistedAnswerWaitsForDisk(t *testing.T) {
 	srv, err := Start(Config{Persist: PersistAll, DataDir: t.TempDir()})
 	if err != nil {
@@ -30,10 +30,14 @@ func TestPersistedAnswerWaitsForDisk(t *testing.T) {
 	const respTopic = "clients/durable/resp"
 	c.subscribe(t, respTopic, 1)
 	clock, _ := hlc.NewClock("durable")
-	send := func(id uint16, key string) {
+	send := func(id uint16, args ...string) {
 		t.Helper()
+		var b [][]byte
+		for _, a := range args {
+			b = append(b, []byte(a))
+		}
 		if _, err := (&packets.Publish{QoS: 1, PacketID: id, Topic: wire.InvokeTopic,
-			Payload: resp.AppendCommand(nil, []byte("SET"), []byte(key), []byte("v")),
+			Payload: resp.AppendCommand(nil, b...),
 			Properties: &packets.Properties{ResponseTopic: respTopic, CorrelationData: []byte{byte(id)},
 				User: []packets.User{{Key: wire.PropTimestamp, Value: clock.Now().String()}}}}).WriteTo(c); err != nil {
 			t.Fatal(err)
@@ -65,16 +69,20 @@ func TestPersistedAnswerWaitsForDisk(t *testing.T) {
 		}
 		return
 	}
-	send(1, "first") // raises the high-water mark of versions: the next SET does not write it
+	send(1, "SET", "first", "v") // raises the high-water mark of versions: the next SET does not write it
 	if a, r := recv(time.Now().Add(10*time.Second), 1, 1); a != 1 || r != 1 {
 		t.Fatalf("first SET: %d PUBACKs, %d answers", a, r)
+	}
+	send(3, "KEYNOTIFY", "second")
+	if a, r := recv(time.Now().Add(10*time.Second), 1, 1); a != 1 || r != 1 {
+		t.Fatalf("KEYNOTIFY: %d PUBACKs, %d answers", a, r)
 	}
 
 	tx, err := srv.persist.db.Begin(true) // the committer waits for it
 	if err != nil {
 		t.Fatal(err)
 	}
-	send(2, "second")
+	send(2, "SET", "second", "v")
 	deadline := time.Now().Add(10 * time.Second)
 	for srv.Len() != 2 { // executed, in memory
 		if time.Now().After(deadline) {
@@ -83,13 +91,13 @@ func TestPersistedAnswerWaitsForDisk(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	a, r := recv(time.Now().Add(300*time.Millisecond), 1, 1)
+	a, r := recv(time.Now().Add(300*time.Millisecond), 1, 2)
 	_ = tx.Rollback()
 	if a != 0 || r != 0 {
-		t.Fatalf("while its write was not durable: %d PUBACKs and %d answers went out, want none", a, r)
+		t.Fatalf("while its write was not durable: %d PUBACKs and %d answers or notifications went out, want none", a, r)
 	}
-	if a, r := recv(time.Now().Add(10*time.Second), 1, 1); a != 1 || r != 1 {
-		t.Fatalf("once durable: %d PUBACKs, %d answers, want 1 and 1", a, r)
+	if a, r := recv(time.Now().Add(10*time.Second), 1, 2); a != 1 || r != 2 {
+		t.Fatalf("once durable: %d PUBACKs, %d answers and notifications, want 1 and 2", a, r)
 	}
 }
 

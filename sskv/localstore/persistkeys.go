@@ -18,14 +18,16 @@ import (
 //     deadline as a wall-clock time.
 //   - The answer to a request, and its PUBACK, go out only once every write
 //     queued when it was executed is durable: its own, and those it may
-//     have seen (a GET of a value not yet on disk waits for it too).
+//     have seen (a GET of a value not yet on disk waits for it too); so do
+//     the notifications of a change (see drain).
 //     Requests are executed, and their changes queued, under the store's
 //     lock; one goroutine commits all that is queued in one synced
 //     transaction (group commit), so answers wait about one commit and the
 //     store does not.
 //   - A failed commit (a full disk) undoes its writes, and those queued
 //     after it, in memory, latest first, and their requests get
-//     MsgPersistFailed. Watchers are told of the key as it is again.
+//     MsgPersistFailed. Watchers get the write's notification, then one of
+//     the key as it is again.
 //   - No version the store issued, persisted or not, is at or below one
 //     it issued before a restart: the disk holds a high-water mark of
 //     versions that is always ahead of the clock (see persister.nextHWM),
