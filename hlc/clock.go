@@ -35,6 +35,21 @@ func WithWallClock(now func() time.Time) Option {
 	}
 }
 
+// WithFloor makes every value the Clock issues greater than every timestamp
+// whose Wall is at most wall, whatever the physical clock reads: a process
+// that saved a bound on the walls of the timestamps it issued restarts its
+// clock above them, even if its physical clock stepped back meanwhile. Until
+// the physical clock passes wall, the Clock runs ahead of it (and Update
+// fails with ErrDrift while that is more than MaxDrift). A wall <= 0 sets no
+// floor.
+func WithFloor(wall int64) Option {
+	return func(c *Clock) {
+		if wall > 0 {
+			c.last = Timestamp{Wall: wall, Counter: MaxCounter, Node: c.node}
+		}
+	}
+}
+
 // Clock is a hybrid logical clock issuing timestamps for one node. It is safe
 // for concurrent use; every value it returns from Now or Update is strictly
 // greater than every value it returned before.

@@ -544,3 +544,28 @@ func TestConcurrent(t *testing.T) {
 		t.Errorf("Peek() = %v; want the largest value issued, %v", last, all[len(all)-1])
 	}
 }
+
+// TestWithFloor: a clock restarted with the bound of what it issued before
+// issues only greater values, even with a physical clock that stepped back,
+// and follows the physical clock again once it passes the floor.
+func TestWithFloor(t *testing.T) {
+	phys := time.UnixMilli(1_000)
+	c, err := hlc.NewClock("n", hlc.WithFloor(5_000), hlc.WithWallClock(func() time.Time { return phys }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Now(); got.Wall != 5_001 || got.Counter != 0 {
+		t.Fatalf("first Now after a floor of 5000 at physical 1000: %v, want wall 5001", got)
+	}
+	if got := c.Now(); got.Wall != 5_001 || got.Counter != 1 {
+		t.Fatalf("second Now: %v, want 5001:1", got)
+	}
+	phys = time.UnixMilli(9_000)
+	if got := c.Now(); got.Wall != 9_000 || got.Counter != 0 {
+		t.Fatalf("Now once the physical clock passed the floor: %v, want 9000:0", got)
+	}
+	c2, _ := hlc.NewClock("n", hlc.WithFloor(0))
+	if !c2.Peek().IsZero() {
+		t.Fatalf("a floor of 0 set the clock: %v", c2.Peek())
+	}
+}

@@ -10,7 +10,33 @@
 //	statestore -version
 //
 // It logs the address it listens on and stops cleanly on SIGINT or SIGTERM.
-// Data lives in memory only.
+// Keys live in memory only, unless persistence is on (below).
+//
+// # Persistence
+//
+// As the service's broker, it can keep keys across a restart, in a data
+// directory:
+//
+//	statestore -data-dir ./ss-data -persist dynamic
+//	statestore -data-dir ./ss-data -persist all
+//
+// The modes of -persist:
+//
+//   - none (default): every key is lost when the store stops.
+//   - dynamic: keys whose SET carried the user property
+//     aio-persistence: true (sskv's SetOptions.Persist, the Go SDK's
+//     WithPersist) are kept, the service's dynamic persistence; a later
+//     SET without it makes the key memory-only again.
+//   - all: every key is kept.
+//
+// A kept key comes back with its value, version, fencing token and expiry
+// (a key whose expiry passed while the store was down is gone); versions go
+// on above every one issued before, persisted or not. A write that persists
+// a key is answered once it is on disk (about one fsync; concurrent writes
+// share one). -data-dir is created if missing; the store refuses to start
+// on a directory it cannot write, a corrupt data file, or a directory
+// another statestore process is using. A full disk fails persisted writes
+// (the client gets the error) while reads and other writes go on.
 //
 // # Who may connect
 //
@@ -173,6 +199,8 @@ func configure(fs *flag.FlagSet, args []string) (*localstore.Config, *slog.Logge
 	maxSubs := fs.Int("max-subscriptions-per-client", defaultMaxSubscriptionsPerClient, "maximum subscriptions of one client (0: no limit)")
 	maxRetained := fs.Int("max-retained-per-user", defaultMaxRetainedPerUser, "maximum retained messages of one user (0: no limit)")
 	maxRetainedBytes := fs.Int64("max-retained-bytes-per-user", defaultMaxRetainedBytesPerUser, "maximum `bytes` of one user's retained messages (0: no limit)")
+	dataDir := fs.String("data-dir", "", "`directory` of persisted keys (with -persist dynamic or all; created if missing, one store at a time)")
+	persist := fs.String("persist", "none", "which keys survive a restart, in -data-dir: `none`, dynamic (those whose SET carried aio-persistence: true) or all")
 	verbose := fs.Bool("v", false, "log every connection and broker event")
 	version := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
@@ -201,19 +229,29 @@ func configure(fs *flag.FlagSet, args []string) (*localstore.Config, *slog.Logge
 		return nil, nil, fmt.Errorf("-max-keys-per-user, -max-bytes-per-user, -max-watches-per-client, -max-subscriptions-per-client, " +
 			"-max-retained-per-user and -max-retained-bytes-per-user must be 0 (no limit) or more")
 	}
+	mode, err := localstore.ParsePersistMode(*persist)
+	if err != nil {
+		return nil, nil, fmt.Errorf("-persist: %w", err)
+	}
+	if mode != localstore.PersistNone && *dataDir == "" {
+		return nil, nil, fmt.Errorf("-persist %s needs -data-dir", mode)
+	}
+	if mode == localstore.PersistNone && *dataDir != "" {
+		return nil, nil, errors.New("-data-dir needs -persist dynamic or all: with -persist none nothing is kept")
+	}
 	addr := *listen
 	if addr == "" {
 		addr = "-"
 	}
 	cfg := localstore.Config{Addr: addr, MaxKeys: *maxKeys, MaxKeySize: *maxKeySize, MaxValueSize: *maxValueSize,
 		MaxPacketSize: *maxPacketSize, MaxWatchesPerClient: *maxWatches, MaxSubscriptionsPerClient: *maxSubs,
-		MaxRetainedPerUser: *maxRetained, MaxRetainedBytesPerUser: *maxRetainedBytes, Logger: log}
+		MaxRetainedPerUser: *maxRetained, MaxRetainedBytesPerUser: *maxRetainedBytes, Logger: log,
+		Persist: mode, DataDir: *dataDir}
 	if !*verbose {
 		// The broker logs every connection at INFO; keep only its warnings.
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
 
-	var err error
 	if *usersFile != "" {
 		if cfg.Users, err = readPairs(*usersFile, ":", "name:password", "user"); err != nil {
 			return nil, nil, err

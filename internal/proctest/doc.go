@@ -53,6 +53,15 @@
 //	DSSLOCK_SEED=1234 go test -run TestProcesses -v ./internal/proctest  # replay a seed
 //	DSSLOCK_PROCTEST_RESTARTS=0 go test -run TestProcesses -v ./internal/proctest  # no store restarts
 //
+// TestProcessesPersisted runs the store with -persist all instead, killed
+// and restarted (down 0.1-0.5 s) at least 20 times, with no other fault and
+// candidates on a TTL of 3 s: every key survives, so the run must show one
+// term over all the restarts, no overlap, and no increment lost across the
+// store's lifetimes, counted as one:
+//
+//	DSSLOCK_PROCTEST_PERSIST_RUN=1 go test -run TestProcessesPersisted -v ./internal/proctest   # 30 s
+//	DSSLOCK_PROCTEST_PERSIST=5m go test -run TestProcessesPersisted -v -timeout 10m ./internal/proctest
+//
 // The short run has a fixed seed, so that CI injects the same faults every
 // time (at least 3 store restarts); DSSLOCK_PROCTEST runs that long with a
 // seed from the clock, and reports the number of store restarts, pauses and

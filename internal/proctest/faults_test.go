@@ -34,10 +34,17 @@ func plan(cfg config, rng *rand.Rand) [][]action {
 		if cfg.restarts && (!cfg.storePauses || rng.Float64() < 0.6) {
 			a.kind, a.length = "store-restart", uniform(rng, 100*time.Millisecond, 2500*time.Millisecond)
 		}
+		if cfg.persist { // down for less than a holder has left to renew
+			a.kind, a.length = "store-restart", uniform(rng, 100*time.Millisecond, 500*time.Millisecond)
+		}
 		if a.kind == "store-restart" || cfg.storePauses {
 			store = append(store, a)
 		}
-		at += a.length + uniform(rng, 500*time.Millisecond, 3*time.Second)
+		gap := uniform(rng, 500*time.Millisecond, 3*time.Second)
+		if cfg.persist { // at least 20 restarts in 30 s
+			gap = uniform(rng, 500*time.Millisecond, time.Second)
+		}
+		at += a.length + gap
 	}
 	timelines := [][]action{store}
 	for slot := range candidates {

@@ -203,7 +203,11 @@ func (r *run) startStore(ctx context.Context) (*proc, error) {
 	r.mu.Unlock()
 	listening := make(chan struct{})
 	var once sync.Once
-	p, err := startProc(name, r.storeBin, []string{"-listen", r.addr},
+	args := []string{"-listen", r.addr}
+	if r.cfg.persist {
+		args = append(args, "-persist", "all", "-data-dir", filepath.Join(r.dir, "data"))
+	}
+	p, err := startProc(name, r.storeBin, args,
 		filepath.Join(r.dir, name+".log"), filepath.Join(r.dir, name+".out"), true,
 		func(line string) {
 			if strings.Contains(line, "msg=listening") {

@@ -37,6 +37,74 @@ type config struct {
 	storePauses     bool          // SIGSTOP and SIGCONT the store
 	candidateFaults bool          // SIGSTOP and SIGCONT, and kill -9, candidates
 	broken          bool          // candidates ignore the end of their terms and write unfenced
+	persist         bool          // the store persists every key (-persist all): restarts lose nothing
+}
+
+// persistRestarts is how many store restarts the persisting run must include.
+const persistRestarts = 20
+
+// TestProcessesPersisted runs the store with -persist all, killed (kill -9)
+// and restarted on the same port and data directory, with down times
+// (0.1-0.5 s) shorter than what the candidates' leases (TTL 3 s) leave to
+// renew, and no other fault: with every key persisted, a restart changes
+// no leader. The leader reconnects, finds its key at the same version and
+// goes on; the others, waiting, do not take a key that came back. So: one
+// term over the whole run, no overlap at all, and no increment lost over
+// the store's lifetimes (the counter survives them). DSSLOCK_PROCTEST_PERSIST
+// sets the fault phase (default 30 s; at least 20 restarts are required).
+func TestProcessesPersisted(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs for about 40 s")
+	}
+	d := 30 * time.Second
+	if s := os.Getenv("DSSLOCK_PROCTEST_PERSIST"); s != "" {
+		var err error
+		if d, err = time.ParseDuration(s); err != nil || d <= 0 {
+			t.Fatalf("DSSLOCK_PROCTEST_PERSIST=%q: want a positive duration", s)
+		}
+	} else if os.Getenv("DSSLOCK_PROCTEST_PERSIST_RUN") == "" {
+		t.Skip("set DSSLOCK_PROCTEST_PERSIST_RUN=1 (or DSSLOCK_PROCTEST_PERSIST=<duration>) to run it")
+	}
+	cfg := config{seed: uint64(time.Now().UnixNano()), faultTime: d, ttl: 3 * time.Second, restarts: true, persist: true}
+	if s := os.Getenv("DSSLOCK_PROCTEST_TTL"); s != "" { // a shorter TTL leaves less time to reconnect
+		var err error
+		if cfg.ttl, err = time.ParseDuration(s); err != nil || cfg.ttl <= 0 {
+			t.Fatalf("DSSLOCK_PROCTEST_TTL=%q: want a positive duration", s)
+		}
+	}
+	if s := os.Getenv("DSSLOCK_SEED"); s != "" {
+		seed, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("DSSLOCK_SEED=%q: %v", s, err)
+		}
+		cfg.seed = seed
+	}
+	res := execute(t, cfg)
+	rep := res.check()
+	rep.log(t, res)
+	terms := 0
+	for _, c := range res.cands {
+		terms += len(works(c))
+	}
+	t.Logf("persisted: %d terms over %d store restarts", terms, rep.restarts)
+	if rep.restarts < persistRestarts {
+		t.Errorf("%d store restarts, want at least %d: run longer", rep.restarts, persistRestarts)
+	}
+	if terms != 1 {
+		t.Errorf("%d terms: a store restart changed the leader, or ended its term, though every key persisted", terms)
+	}
+	if len(rep.overlaps) > 0 {
+		t.Errorf("%d overlaps", len(rep.overlaps))
+	}
+	if n := len(rep.inc.violations); n > 0 {
+		t.Errorf("check 2: %d violations", n)
+	}
+	if !rep.live(cfg) {
+		t.Errorf("check 3: no increment acknowledged within %v of healing", cfg.ttl+livenessSlack)
+	}
+	if t.Failed() {
+		res.logFailure(t)
+	}
 }
 
 // TestProcesses runs the store and three candidates as processes, injects
@@ -233,6 +301,10 @@ func (res *result) check() report {
 	stores := make([]span, len(res.stores))
 	for i, p := range res.stores {
 		stores[i] = span{p.started, p.exited}
+	}
+	if res.cfg.persist && len(stores) > 0 {
+		// The counter survives restarts: one lifetime, over them all.
+		stores = []span{{stores[0].from, stores[len(stores)-1].to}}
 	}
 	rep.inc = checkIncrements(res.cands, stores, clock(res.start))
 	return rep

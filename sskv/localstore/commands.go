@@ -17,15 +17,18 @@ type request struct {
 	hasTS    bool
 	ft       string // raw __ft
 	hasFT    bool
+	persist  bool // aio-persistence: true
 	clientID string
 	user     string
 }
 
 // result is what a request produced: the response payload and the version to
-// send as __ts (zero: no __ts).
+// send as __ts (zero: no __ts), and the writes to disk it is answered after
+// (nil: none; see persistkeys.go).
 type result struct {
 	payload []byte
 	version hlc.Timestamp
+	wait    *batch
 }
 
 func errResult(msg string) result {
@@ -189,7 +192,7 @@ func (s *Server) execute(cl clientRef, req *request) result {
 
 	switch verb {
 	case "SET":
-		return s.set(i, req.user, key, req.args[2], setOpts, req.hasFT, ft, now)
+		return s.set(i, req.user, key, req.args[2], setOpts, req.hasFT, ft, now, s.persists(req.persist))
 	case "GET":
 		if i < 0 {
 			return result{payload: nullPayload}
@@ -262,7 +265,8 @@ func fenceCheck(t *table, i int, hasFT bool, ft hlc.Timestamp) (string, bool) {
 }
 
 // set runs SET for user on key, whose live slot is i (-1 when absent).
-func (s *Server) set(i int, user string, key, value []byte, o setOptions, hasFT bool, ft, version hlc.Timestamp) result {
+// persist: the SET puts the key on disk (see Server.persists).
+func (s *Server) set(i int, user string, key, value []byte, o setOptions, hasFT bool, ft, version hlc.Timestamp, persist bool) result {
 	if s.cfg.MaxKeySize > 0 && len(key) > s.cfg.MaxKeySize ||
 		s.cfg.MaxValueSize > 0 && len(value) > s.cfg.MaxValueSize {
 		return errResult(wire.MsgQuotaExceeded)
@@ -276,6 +280,19 @@ func (s *Server) set(i int, user string, key, value []byte, o setOptions, hasFT 
 	if !s.withinQuota(i, user, key, value) {
 		return errResult(wire.MsgQuotaExceeded)
 	}
+	// The version is issued: the high-water mark on disk must cover it
+	// first (see persistkeys.go).
+	if s.persist != nil {
+		if err := s.persist.raiseHWM(version.Wall); err != nil {
+			s.log.Error("refused SET: could not persist the high-water mark of versions", "error", err)
+			return errResult(MsgPersistFailed)
+		}
+	}
+	logged := persist || i >= 0 && s.persist != nil && s.tab.persisted(i)
+	var undo keyState
+	if logged {
+		undo = s.snapshot(key, i)
+	}
 	var deadline int64
 	if o.px > 0 {
 		deadline = s.tab.deadlineAfter(o.px)
@@ -287,6 +304,16 @@ func (s *Server) set(i int, user string, key, value []byte, o setOptions, hasFT 
 	}
 	if hasFT {
 		s.tab.raiseFence(i, ft)
+	}
+	if logged {
+		// A SET that does not persist its key takes it off disk: the key
+		// must not come back with an older value after a restart.
+		s.tab.setPersisted(i, persist)
+		if persist {
+			s.logPut(i, undo)
+		} else {
+			s.logDelete(key, undo)
+		}
 	}
 	if deadline != 0 && deadline < s.expiryAt {
 		// Only a deadline before the one the expiry loop sleeps until
@@ -332,7 +359,7 @@ func (s *Server) del(i int, value []byte, hasFT bool, ft hlc.Timestamp) result {
 		return result{payload: notAppliedPayload, version: version}
 	}
 	key := string(s.tab.key(i))
-	s.tab.remove(i)
+	s.removeSlot(i)
 	s.notifyDelete(key)
 	return result{payload: onePayload, version: version}
 }
@@ -348,7 +375,7 @@ func (s *Server) live(key []byte) int {
 	}
 	if d := s.tab.deadline(i); d != 0 && s.tab.now() >= d {
 		k := string(s.tab.key(i))
-		s.tab.remove(i)
+		s.removeSlot(i)
 		s.notifyDelete(k)
 		return -1
 	}

@@ -59,9 +59,10 @@
 //
 // # The store's own error messages
 //
-// Every -ERR text is the service's (see docs/protocol.md), except these four,
+// Every -ERR text is the service's (see docs/protocol.md), except these five,
 // for cases the service documents no text for; they are this package's
-// (MsgNotQoS1, MsgNoCorrelation, MsgClockAhead, MsgResponseTooLarge):
+// (MsgNotQoS1, MsgNoCorrelation, MsgClockAhead, MsgResponseTooLarge,
+// MsgPersistFailed):
 //
 //   - "requests must be published with QoS 1": a request at QoS 0.
 //   - "requests must carry correlation data": a request without it.
@@ -74,6 +75,9 @@
 //   - "the response is larger than the client's maximum packet size": the
 //     response would not fit the Maximum Packet Size the client announced
 //     (see below).
+//   - "the state store could not write the key to its data directory": a
+//     persisted write could not be made durable (a full disk); it was
+//     undone (see Persistence and restarts).
 //
 // # Slow clients and other limits
 //
@@ -262,8 +266,25 @@
 // reconnects, or to fault the traffic between a client and any broker, use
 // the TCP proxy of package github.com/dsslock/dsslock/faultproxy.
 //
-// What it does not do: keep data beyond Close (aio-persistence is accepted and
-// ignored), clustering, or MQTT features beyond what mochi-mqtt provides. It
+// # Persistence and restarts
+//
+// By default every key is in memory only, gone with Close. With
+// Config.Persist and Config.DataDir the store keeps keys on disk, as the
+// service's broker does when its persistence is on: those whose SET carried
+// aio-persistence: true (PersistDynamic), or all of them (PersistAll). A
+// persisted key comes back after a restart, even after the process was
+// killed, with its value, version, fencing token and expiry (a wall-clock
+// deadline); versions go on above every one issued before; a persisted
+// write is answered, and acknowledged, once it is durable, in group
+// commits. docs/protocol.md, "Persistence", has the rules and what they
+// cost.
+//
+// Restart stops an embedded store as a crash would and starts it again on
+// the same address: the way to test what a service does across a restart
+// of the broker.
+//
+// What it does not do: clustering, or MQTT features beyond what mochi-mqtt
+// provides; MQTT sessions are not kept across a restart. It
 // does not hold messages back when a client's Receive Maximum is reached
 // (mochi's flow control can deadlock when a client stops reading): up to
 // Config.MaxPendingMessages QoS 1 messages are in flight to a client, and

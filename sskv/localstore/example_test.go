@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"os"
 	"time"
 
 	"github.com/eclipse/paho.golang/paho"
@@ -83,4 +84,43 @@ func ExampleServer_SetResponseFault() {
 	// Output:
 	// SET timed out: true
 	// GET: done
+}
+
+// Test what a service does across a restart of the broker and its state
+// store: keys persisted (here every key, PersistAll) come back with their
+// version, others would be lost; clients reconnect by themselves.
+func ExampleServer_Restart() {
+	dir, err := os.MkdirTemp("", "statestore-example-")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	srv, err := localstore.Start(localstore.Config{Persist: localstore.PersistAll, DataDir: dir})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	c, err := sskv.Dial(ctx, sskv.Config{Addr: srv.Addr(), ClientID: "example-restart"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	before, err := c.Set(ctx, "config", []byte("v1"), sskv.SetOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	// A crash, 100 ms down, and a restart on the same address.
+	srv, err = srv.Restart(ctx, 100*time.Millisecond)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer srv.Close()
+
+	after, err := c.Get(ctx, "config") // the client reconnects on its own
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(string(after.Value), after.Version == before.Version)
+	// Output: v1 true
 }

@@ -1,6 +1,7 @@
 package localstore
 
 import (
+	"bytes"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -256,6 +257,20 @@ type deadlineConn struct {
 	acks     []byte      // PUBACKs held back to go out with the next write
 	ackTimer *time.Timer // flushes acks if no write comes; made at the first ack held
 	ackArmed bool        // ackTimer will fire
+
+	// ackWait is the batch of writes to disk that the PUBACK the broker
+	// writes next waits for (see Server.answerDurable); durable holds
+	// PUBACKs waiting for their batch, in order, and every PUBACK after
+	// them (guarded by wmu).
+	ackWait atomic.Pointer[batch]
+	durable []heldAck
+}
+
+// heldAck is a PUBACK waiting for writes to disk (b; nil: for those of the
+// PUBACKs before it).
+type heldAck struct {
+	b   *batch
+	ack []byte
 }
 
 // ackFlushDelay bounds how long a PUBACK is held back when the write it
@@ -307,6 +322,13 @@ func (c *deadlineConn) Write(b []byte) (int, error) {
 		return 0, errWriteTimedOut
 	}
 	if isPuback(b) {
+		// The acknowledgement of a request waits until what its answer
+		// waits for is durable, and PUBACKs go out in order.
+		if w := c.ackWait.Swap(nil); w != nil && !w.finished() || len(c.durable) > 0 {
+			c.durable = append(c.durable, heldAck{b: w, ack: bytes.Clone(b)})
+			c.flushDurable()
+			return len(b), nil
+		}
 		if cl := c.client.Load(); cl != nil && writesQueued(cl) > 0 {
 			c.holdAck(b)
 			return len(b), nil
@@ -353,6 +375,40 @@ func (c *deadlineConn) holdAck(b []byte) {
 		return
 	}
 	c.ackTimer.Reset(ackFlushDelay)
+}
+
+// releaseDurable writes the PUBACKs whose writes to disk are durable, in
+// order (see Server.answerDurable).
+func (c *deadlineConn) releaseDurable() {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.flushDurable()
+}
+
+// flushDurable writes the PUBACKs at the head of c.durable whose batch is
+// finished. The caller holds c.wmu.
+func (c *deadlineConn) flushDurable() {
+	n := 0
+	var out []byte
+	for ; n < len(c.durable); n++ {
+		h := c.durable[n]
+		if h.b != nil && !h.b.finished() {
+			break
+		}
+		out = append(out, h.ack...)
+	}
+	if n == 0 {
+		return
+	}
+	c.durable = append(c.durable[:0], c.durable[n:]...)
+	if c.broken.Load() {
+		return
+	}
+	if len(c.acks) > 0 { // PUBACKs held for coalescing came first
+		out = append(c.acks, out...)
+		c.acks = c.acks[:0]
+	}
+	_, _ = c.write(out)
 }
 
 // flushAcks writes the PUBACKs still held back, if any.

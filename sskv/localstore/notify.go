@@ -103,7 +103,7 @@ func (s *Server) publishNotify(clientID, key string, payload []byte, ts string) 
 	if rec == nil {
 		return // not connected: its watches are ending
 	}
-	s.notify(rec, note{topic: wire.NotifyTopic(clientID, []byte(key)), payload: payload, ts: ts})
+	s.notify(rec, note{topic: wire.NotifyTopic(clientID, []byte(key)), payload: payload, ts: ts, wait: s.durableAfter()})
 }
 
 // notifyProps returns the properties of a notification stamped ts.

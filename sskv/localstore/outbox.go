@@ -26,11 +26,13 @@ import (
 // notifications silently lost. The client's reconnect and resync then bring
 // it up to date.
 
-// note is one notification waiting to be published.
+// note is one notification waiting to be published, once the writes to
+// disk it waits for are durable (wait; nil: none, see persistkeys.go).
 type note struct {
 	topic   string
 	payload []byte
 	ts      string
+	wait    *batch
 }
 
 // outbox is the bounded queue of notifications for one connection.
@@ -85,6 +87,13 @@ func (s *Server) drain(rec *connRec) {
 		o.notes[0] = note{}
 		o.notes = o.notes[1:]
 		o.mu.Unlock()
+		if n.wait != nil {
+			// A change is notified once what it waits for is durable.
+			// Should that fail, it is still sent: writes not persisted
+			// stand, and the watchers of a key whose write was undone get
+			// a notification of the key as it is again after this one.
+			<-n.wait.done
+		}
 		// Check before publishing: mochi drops a message silently (no
 		// hook, "client store quota reached") once a client has
 		// Capabilities.MaximumInflight messages unacknowledged.

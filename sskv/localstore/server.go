@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -148,6 +149,21 @@ type Config struct {
 
 	// Logger receives the store's and the broker's logs (default: discarded).
 	Logger *slog.Logger
+
+	// Persist says which keys the store keeps across a restart, in
+	// DataDir: none (PersistNone, the default: every key is lost), those
+	// whose SET asked for it with aio-persistence: true (PersistDynamic),
+	// or all (PersistAll). A persisted key comes back after a restart with
+	// its value, version, fencing token and expiry (a wall-clock deadline:
+	// a key whose deadline passed while the store was down is gone). The
+	// answer to a request, and its PUBACK, go out only once the writes it
+	// made or saw are durable (see docs/protocol.md for the rules).
+	Persist PersistMode
+
+	// DataDir is the directory of the persisted keys, created if missing;
+	// required with Persist, refused without. Only one store at a time may
+	// use it: Start fails with ErrDataDirInUse while another has it open.
+	DataDir string
 }
 
 // Defaults of Config's limits.
@@ -185,6 +201,8 @@ type Server struct {
 
 	mu  sync.Mutex // guards tab and answered, and orders notifications
 	tab *table
+	// persist writes persisted keys to DataDir; nil with PersistNone.
+	persist *persister
 	// answered keeps the answers to recent SET, DEL and VDEL requests, so
 	// that a copy a resumed session sends again is not executed twice.
 	answered answers
@@ -258,6 +276,14 @@ func Start(cfg Config) (*Server, error) {
 	if cfg.WriteTimeout == 0 {
 		cfg.WriteTimeout = DefaultWriteTimeout
 	}
+	switch {
+	case cfg.Persist < PersistNone || cfg.Persist > PersistAll:
+		return nil, fmt.Errorf("localstore: unknown Persist mode %d", int(cfg.Persist))
+	case cfg.Persist != PersistNone && cfg.DataDir == "":
+		return nil, fmt.Errorf("localstore: Persist %s needs a DataDir", cfg.Persist)
+	case cfg.Persist == PersistNone && cfg.DataDir != "":
+		return nil, errors.New("localstore: DataDir is set but Persist is none: nothing would be persisted")
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -276,7 +302,28 @@ func Start(cfg Config) (*Server, error) {
 		loopDone: make(chan struct{}),
 	}
 	s.answered.init() // before any request: key and slot then only read the seeds
-	clock, err := hlc.NewClock(cfg.NodeID, hlc.WithMaxDrift(cfg.MaxDrift), hlc.WithWallClock(s.wallClock))
+	if err := hlc.ValidateNode(cfg.NodeID); err != nil {
+		return nil, fmt.Errorf("localstore: node id: %w", err)
+	}
+	var floor int64
+	if cfg.Persist != PersistNone {
+		p, err := openPersister(cfg.DataDir, log, s.wallClock, s.loadRecord)
+		if err != nil {
+			return nil, err
+		}
+		p.storeMu, p.undo = &s.mu, s.restoreKey
+		p.issued = func() int64 { return s.clock.Peek().Wall }
+		floor = p.hwm.Load()
+		s.persist = p
+		log.Info("loaded persisted keys", "dir", cfg.DataDir, "mode", cfg.Persist.String(), "keys", s.tab.len())
+	}
+	started := false
+	defer func() {
+		if !started && s.persist != nil {
+			_ = s.persist.db.Close()
+		}
+	}()
+	clock, err := hlc.NewClock(cfg.NodeID, hlc.WithMaxDrift(cfg.MaxDrift), hlc.WithWallClock(s.wallClock), hlc.WithFloor(floor))
 	if err != nil {
 		return nil, fmt.Errorf("localstore: node id: %w", err)
 	}
@@ -353,6 +400,10 @@ func Start(cfg Config) (*Server, error) {
 	if err := s.broker.Serve(); err != nil {
 		return nil, fmt.Errorf("localstore: %w", err)
 	}
+	if s.persist != nil {
+		s.persist.start()
+	}
+	started = true
 	go s.expiryLoop()
 	return s, nil
 }
@@ -378,14 +429,22 @@ func (s *Server) TLSAddr() string {
 // goroutine of the server has ended. Clients that do not take their DISCONNECT
 // within Config.CloseTimeout have their connections cut, so Close never hangs;
 // those whose traffic from the store is held (Hold) are cut at once. Delayed
-// responses (SetResponseFault) not yet sent are discarded. Data is kept in
-// memory only: it is gone after Close.
+// responses (SetResponseFault) not yet sent are discarded. Keys not
+// persisted (see Config.Persist) are gone after Close; persisted ones are
+// committed to Config.DataDir first, and the data directory is released.
 func (s *Server) Close() error {
 	s.closeOnce.Do(func() {
 		s.closed.Store(true)
 		close(s.stop)
 		<-s.loopDone
 		_ = s.broker.Close()
+		if s.persist != nil {
+			// Commits what is queued: the answers waiting for it go out
+			// (to nobody, now) and end.
+			if err := s.persist.close(); err != nil {
+				s.log.Warn("closing the data directory", "dir", s.cfg.DataDir, "error", err)
+			}
+		}
 		s.bg.Wait()
 	})
 	return nil
@@ -473,9 +532,17 @@ func (s *Server) SetClockOffset(d time.Duration) {
 	s.offset.Store(int64(d))
 }
 
-// Now returns the store's current hybrid logical clock time (it ticks the clock).
+// Now returns the store's current hybrid logical clock time (it ticks the
+// clock). A store that persists keys issues no version at or below it
+// after a restart either.
 func (s *Server) Now() hlc.Timestamp {
-	return s.clock.Now()
+	ts := s.clock.Now()
+	if s.persist != nil {
+		if err := s.persist.raiseHWM(ts.Wall); err != nil {
+			s.log.Warn("could not persist the high-water mark of versions", "error", err)
+		}
+	}
+	return ts
 }
 
 // Len returns the number of keys stored (expired keys not yet collected may
@@ -578,6 +645,15 @@ func (s *Server) handleRequest(cl *mqtt.Client, pk packets.Packet) error {
 			"client", cl.ID, "age", time.Since(received), "expiry", expiry)
 		return nil
 	}
+	if b := res.wait; b != nil {
+		if !b.finished() {
+			s.answerDurable(cl, respTopic, corr, res)
+			return nil
+		}
+		if b.err != nil {
+			res = errResult(MsgPersistFailed)
+		}
+	}
 	s.answer(cl, respTopic, corr, res)
 	return nil
 }
@@ -612,6 +688,8 @@ func (s *Server) serve(cl clientRef, user string, payload []byte, props []packet
 			req.ts, req.hasTS = p.Val, true
 		case wire.PropFencingToken:
 			req.ft, req.hasFT = p.Val, true
+		case wire.PropPersistence:
+			req.persist = strings.EqualFold(p.Val, "true")
 		}
 	}
 	// The hashes of a request that may be repeated are taken before the
@@ -636,6 +714,7 @@ func (s *Server) serve(cl clientRef, user string, payload []byte, props []packet
 		}
 	}
 	res := s.execute(cl, &req)
+	res.wait = s.durableAfter()
 	if keep {
 		s.answered.keep(key, slot, res, answerWindow(rep.expiry), time.Now())
 	}
@@ -733,7 +812,9 @@ func (s *Server) expiryLoop() {
 	for {
 		s.mu.Lock()
 		now := s.tab.now()
-		for key, ok := s.tab.popExpired(now); ok; key, ok = s.tab.popExpired(now) {
+		for i := s.tab.expired(now); i >= 0; i = s.tab.expired(now) {
+			key := string(s.tab.key(i))
+			s.removeSlot(i)
 			s.notifyDelete(key)
 		}
 		next, ok := s.tab.nextExpiry()

@@ -46,7 +46,7 @@ type record struct {
 	vlen     uint32
 	wall     int64  // version: wall clock (ms)
 	counter  uint32 // version: logical counter; bit fencedBit: the key has a fencing token
-	owner    uint32 // the owner's id in table.owners
+	owner    uint32 // the owner's id in table.owners; bit persistedBit: the key is on disk
 	deadline int64  // PX deadline, nanoseconds since table.epoch; 0: none
 	heapIdx  int32  // position in the expiry heap, -1 when not in it
 	hash     uint32 // low 32 bits of the key's hash
@@ -55,6 +55,10 @@ type record struct {
 // fencedBit flags a record whose key has a fencing token in table.fences.
 // Version counters are at most hlc.MaxCounter (MaxInt32), so the bit is free.
 const fencedBit = 1 << 31
+
+// persistedBit flags, in record.owner, a key that is on disk (see
+// persist.go). Owner ids are few (one per user), so the bit is free.
+const persistedBit = 1 << 31
 
 // compactMin is the arena size below which it is never compacted: small
 // stores would compact too often for nothing.
@@ -182,7 +186,19 @@ func (t *table) raiseFence(i int, ft hlc.Timestamp) {
 }
 
 // owner returns the user whose SET created slot i.
-func (t *table) owner(i int) string { return t.owners[t.recs[i].owner] }
+func (t *table) owner(i int) string { return t.owners[t.recs[i].owner&^persistedBit] }
+
+// persisted reports whether slot i is on disk.
+func (t *table) persisted(i int) bool { return t.recs[i].owner&persistedBit != 0 }
+
+// setPersisted records whether slot i is on disk.
+func (t *table) setPersisted(i int, on bool) {
+	if on {
+		t.recs[i].owner |= persistedBit
+	} else {
+		t.recs[i].owner &^= persistedBit
+	}
+}
 
 // deadline returns the PX deadline of slot i; 0: none.
 func (t *table) deadline(i int) int64 { return t.recs[i].deadline }
@@ -267,7 +283,7 @@ func (t *table) update(i int, value []byte, version hlc.Timestamp, deadline int6
 	r.vlen = uint32(len(value))
 	r.wall = version.Wall
 	r.counter = version.Counter | r.counter&fencedBit
-	t.charge(t.owners[r.owner], 0, int64(len(value))-old)
+	t.charge(t.owners[r.owner&^persistedBit], 0, int64(len(value))-old)
 	t.setDeadline(i, deadline)
 	t.maybeCompact()
 }
@@ -279,7 +295,7 @@ func (t *table) remove(i int) {
 		t.heapRemove(int(r.heapIdx))
 	}
 	t.unplace(uint32(i))
-	t.charge(t.owners[r.owner], -1, -t.size(i))
+	t.charge(t.owners[r.owner&^persistedBit], -1, -t.size(i))
 	if r.counter&fencedBit != 0 {
 		delete(t.fences, uint32(i))
 	}
@@ -377,6 +393,15 @@ func (t *table) nextExpiry() (int64, bool) {
 		return 0, false
 	}
 	return t.recs[t.expiry[0]].deadline, true
+}
+
+// expired returns the slot of a key whose deadline is not after now; -1
+// when there is none.
+func (t *table) expired(now int64) int {
+	if len(t.expiry) == 0 || t.recs[t.expiry[0]].deadline > now {
+		return -1
+	}
+	return int(t.expiry[0])
 }
 
 // popExpired removes the next key whose deadline is not after now and
