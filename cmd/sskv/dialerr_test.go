@@ -81,6 +81,10 @@ func TestDialFailuresNamed(t *testing.T) {
 			[]string{"TLS mismatch: the server at " + srv.TLSAddr() + " speaks TLS", "sskv -tls"}},
 		{"no credentials", []string{"-addr", srv.Addr()},
 			[]string{"broker refused the connection: reason 0x86 (bad user name or password)", "check the credentials: -user and -password-file"}},
+		{"untrusted certificate", []string{"-addr", srv.TLSAddr(), "-tls"},
+			[]string{"sskv: dial " + srv.TLSAddr() + ": ", "certificate signed by unknown authority", "give the CA", "-ca"}},
+		{"unknown host", []string{"-addr", "nosuchhost.invalid:1883"},
+			[]string{"sskv: dial nosuchhost.invalid:1883: ", "no such host"}},
 		{"wrong password", []string{"-addr", srv.Addr(), "-user", "alice", "-password-file", wrongPW},
 			[]string{"broker refused the connection: reason 0x86 (bad user name or password)", "check the credentials"}},
 	} {
