@@ -810,6 +810,10 @@ func dialHint(stderr io.Writer, addr string, handshake time.Duration, err error)
 		fmt.Fprintf(stderr, "sskv: nothing listens on %s: is the broker running there, and is -addr right?\n", addr)
 	case errors.Is(err, sskv.ErrNoAnswer):
 		fmt.Fprintf(stderr, "sskv: a broker that is slow to answer needs a longer -handshake-timeout (now %v)\n", handshake)
+	case errors.As(err, new(x509.UnknownAuthorityError)):
+		fmt.Fprintln(stderr, "sskv: the broker's certificate is not trusted here: give the CA that signed it with -ca\n(with -env: AIO_TLS_CA_FILE)")
+	case errors.As(err, new(x509.HostnameError)):
+		fmt.Fprintln(stderr, "sskv: the broker's certificate does not name the host of -addr: connect by a name it has")
 	case errors.As(err, &ce) && (ce.ReasonCode == 0x86 || ce.ReasonCode == 0x87 || ce.ReasonCode == 0x8C):
 		fmt.Fprintln(stderr, "sskv: check the credentials: -user and -password-file, or -sat-file\n(with -env: AIO_MQTT_USERNAME, AIO_MQTT_PASSWORD_FILE, AIO_SAT_FILE)")
 	}
