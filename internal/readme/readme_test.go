@@ -135,6 +135,13 @@ func TestREADMEStore(t *testing.T) {
 	if err := campaign(ctx, c); err != nil {
 		t.Fatalf("the campaign snippet: %v", err)
 	}
+	srv, err = srv.Restart(ctx, 500*time.Millisecond) // down for 0.5 s
+	if err != nil {
+		t.Fatalf("the restart snippet: %v", err)
+	}
+	if err := lockAndFence(ctx, c, []byte("after the restart")); err != nil {
+		t.Fatalf("the lock snippet after a restart: %v", err)
+	}
 }
 
 // TestSnippetsCompiled checks that every Go snippet in README.md appears in
