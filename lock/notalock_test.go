@@ -3,10 +3,13 @@ package lock_test
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/dsslock/dsslock/internal/storetest"
 	"github.com/dsslock/dsslock/lock"
 	"github.com/dsslock/dsslock/sskv"
 )
@@ -209,4 +212,32 @@ func TestNotALockSeenWhileWaiting(t *testing.T) {
 		}
 		return <-got
 	}, "semaphore's record")
+}
+
+// A Lock without FenceKey cannot tell a value set by hand without expiry
+// from another client's holder's name, so it waits; but once the key has
+// stayed unchanged across a safeguard recheck (10 TTLs), it says so in a
+// warning, rather than wait in silence.
+func TestUnchangedKeyWarned(t *testing.T) {
+	for _, race := range []bool{false, true} {
+		t.Run(map[bool]string{false: "queued", true: "Race"}[race], func(t *testing.T) {
+			srv := startStore(t)
+			ctx := testCtx(t)
+			c := dial(t, srv.Addr())
+			if _, err := c.Set(ctx, "k", []byte("hello"), sskv.SetOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			out := storetest.NewOutput()
+			log := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelWarn}))
+			l := newLock(t, c, lock.Config{Name: "k", TTL: 100 * time.Millisecond, Race: race, Logger: log})
+			wctx, cancel := context.WithCancel(ctx)
+			got := make(chan error, 1)
+			go func() { got <- l.Lock(wctx) }()
+			out.WaitFor(t, regexp.MustCompile(`level=WARN msg="lock: the key has not changed.*key=k value="\\"hello\\""`))
+			cancel()
+			if err := <-got; !errors.Is(err, context.Canceled) {
+				t.Fatalf("Lock = %v, want it still waiting until cancelled", err)
+			}
+		})
+	}
 }

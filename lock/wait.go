@@ -122,6 +122,8 @@ func (r *racer) wait(ctx context.Context) (unknown bool, err error) {
 		delayed   bool          // the delay timer wakes a deletion's check (not a retry)
 		seenHeld  bool          // an attempt or the watch found the key held
 		known     bool          // the key's value was read since the watch began, or the last recheck (see checkRecord)
+		rechecked bool          // the safeguard recheck fired since the last read of the key
+		still     unchanged     // the key's value and version at the last read
 		holdUntil time.Time     // no attempt before: the key may be held in someone's belief
 		// Made when first needed: a waiter that sleeps while the holder
 		// renews needs only its watch and the recheck timer.
@@ -206,11 +208,13 @@ func (r *racer) wait(ctx context.Context) (unknown bool, err error) {
 						// that never will? Once the watch is on, its
 						// notifications show every later value.
 						rctx, cancel := r.until(ctx, time.Now().Add(ttl))
-						kerr := checkKey(rctx, r.c, &r.cfg)
+						res, kerr := readKey(rctx, r.c, &r.cfg)
 						cancel()
 						switch {
 						case kerr == nil:
 							known = true
+							still.see(r.log, &r.cfg, res, rechecked)
+							rechecked = false
 						case errors.Is(kerr, ErrNotALock) || ctx.Err() != nil || errors.Is(kerr, sskv.ErrClosed) || refused(kerr):
 							return unknown, kerr
 						default:
@@ -255,6 +259,7 @@ func (r *racer) wait(ctx context.Context) (unknown bool, err error) {
 		}
 		if fired&recheckTimer != 0 {
 			known = false // a notification may have been lost unseen
+			rechecked = true
 		}
 		for _, ev := range evs {
 			if ev.Op == sskv.OpDelete || ev.Resync {
@@ -326,11 +331,44 @@ func (r *racer) watchKey(ctx context.Context, box *waitBox) (*sskv.Watcher, erro
 // ErrNotALock if it holds something that will never be released to that
 // lock (see checkRecord), or the read's error.
 func checkKey(ctx context.Context, c *sskv.Client, cfg *Config) error {
+	_, err := readKey(ctx, c, cfg)
+	return err
+}
+
+// readKey is checkKey, returning what it read too.
+func readKey(ctx context.Context, c *sskv.Client, cfg *Config) (sskv.GetResult, error) {
 	res, err := c.Get(ctx, cfg.Name)
 	if err != nil {
-		return err
+		return res, err
 	}
-	return checkRecord(cfg.FenceKey, res.Value)
+	return res, checkRecord(cfg.FenceKey, res.Value)
+}
+
+// unchanged notices a key that a waiter finds with the same value at the
+// same version at two of its reads a safeguard recheck apart (10 TTLs or
+// more): no holder that renews leaves its key so long unchanged. It may be
+// another client's lease that is long and not renewed (the SDK's leased
+// lock), or a value set by hand without expiry, which is never released
+// and which a Lock without FenceKey cannot tell from a holder's name (see
+// checkRecord): the waiter says so, once, in a warning.
+type unchanged struct {
+	value   []byte
+	version hlc.Timestamp
+	warned  bool
+}
+
+// see records a read of the key of a lock of cfg that found res, after a
+// recheck if rechecked.
+func (u *unchanged) see(log *slog.Logger, cfg *Config, res sskv.GetResult, rechecked bool) {
+	same := res.Found && u.value != nil && res.Version == u.version && bytes.Equal(res.Value, u.value)
+	if same && rechecked && !u.warned {
+		u.warned = true
+		log.Warn("lock: the key has not changed since the last safeguard check, over 10 TTLs ago: a value set by hand without expiry is never released (delete it to go on); another client's long lease ends when it expires",
+			"key", cfg.Name, "value", quote(res.Value), "version", res.Version)
+	}
+	if !same {
+		u.value, u.version = bytes.Clone(res.Value), res.Version
+	}
 }
 
 // stopTimer stops t unless it is nil.
@@ -506,6 +544,10 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 	defer grace.Stop()
 	recheck := time.NewTimer(recheckAfter(l.cfg.TTL))
 	defer recheck.Stop()
+	var (
+		still     unchanged // the key's value and version at the last join
+		rechecked bool      // the safeguard recheck fired since the last join
+	)
 
 	fail := func(err error) (bool, error) {
 		if ctx.Err() != nil || errors.Is(err, ErrAlreadyHeld) || errors.Is(err, sskv.ErrClosed) || refused(err) {
@@ -680,6 +722,8 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 					// It will never be released: waiting would last forever.
 					return unknown, err
 				}
+				still.see(l.log, &l.cfg, res, rechecked)
+				rechecked = false
 				h := ParseHolder(res.Value, res.Version)
 				switch {
 				case !res.Found:
@@ -756,6 +800,7 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 			q.mu.Lock()
 			q.rejoin, q.acked = true, false
 			q.mu.Unlock()
+			rechecked = true
 			recheck.Reset(recheckAfter(l.cfg.TTL))
 		}
 	}
