@@ -54,7 +54,9 @@ const (
 //
 // A heartbeat goes every timeout/3 (TTL/12 with the defaults), so sskv must
 // stall for three of them in a row before a healthy COMMAND is killed.
-func watchdogTimeout(grace time.Duration) time.Duration { return grace / 4 * 3 }
+func watchdogTimeout(grace time.Duration) time.Duration {
+	return (grace / 4 * 3).Truncate(time.Millisecond) // shorter, so no later
+}
 
 // job is COMMAND, run for "sskv lock".
 type job struct {

@@ -120,23 +120,6 @@ func TestLockKill9EndsCommandTree(t *testing.T) {
 	srv := startStore(t, localstore.Config{})
 	dir := t.TempDir()
 	journal, pids := filepath.Join(dir, "journal"), filepath.Join(dir, "pids")
-	// Each line of the journal is one write(2) to a file opened with
-	// O_APPEND: the journal's order is the order of the writes. The holder
-	// before must be gone when a command starts: "alive" if it is not.
-	script := `j=$0 id=$1 pids=$2
-if [ -s "$pids" ]; then
-	read p w tok < "$pids"
-	for x in $p $w; do
-		if tr '\0' '\n' < /proc/$x/environ 2>/dev/null | grep -qx "DSSLOCK_TOKEN=$tok"; then
-			echo "alive $x $tok" >> "$j"
-		fi
-	done
-fi
-echo "start $DSSLOCK_TOKEN" >> "$j"
-(while :; do echo "beat $DSSLOCK_TOKEN" >> "$j"; sleep 0.01; done) &
-echo "$$ $! $DSSLOCK_TOKEN" > "$pids"
-echo "started $id"
-wait`
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -151,7 +134,7 @@ wait`
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.cmd = exec.Command(self, "-addr", srv.Addr(), "lock", "-ttl", ttl, "jobs/k9", "--", "sh", "-c", script, journal, c.id, pids)
+		c.cmd = exec.Command(self, "-addr", srv.Addr(), "lock", "-ttl", ttl, "jobs/k9", "--", "sh", "-c", journalScript, journal, c.id, pids)
 		c.cmd.Env = append(os.Environ(), "SSKV_TEST_MAIN=1")
 		c.cmd.Stdout, c.cmd.Stderr = w, c.stderr
 		err = c.cmd.Start()
@@ -251,8 +234,38 @@ wait`
 	t.Logf("  command's tree gone after kill -9: %s", durationStats(goneAfter))
 	t.Logf("  next command started after kill -9: %s", durationStats(handover))
 
-	// The journal: each command's beats come between its start and the next
-	// command's start, and no command found the one before still running.
+	checkJournal(t, journal, rounds)
+}
+
+// journalScript is the command of the contenders in
+// TestLockKill9EndsCommandTree and TestLockStoppedEndsCommandTree, run with
+// the arguments JOURNAL ID PIDS: it writes "start TOKEN" to the journal,
+// starts a worker that writes "beat TOKEN" every 10 ms, writes the PIDs of
+// both and its token to the file PIDS, and "started ID" on stdout. Each line
+// of the journal is one write(2) to a file opened with O_APPEND: the
+// journal's order is the order of the writes. The holder before must be
+// gone when a command starts: it writes "alive PID TOKEN" if it is not.
+const journalScript = `j=$0 id=$1 pids=$2
+if [ -s "$pids" ]; then
+	read p w tok < "$pids"
+	for x in $p $w; do
+		if tr '\0' '\n' 2>/dev/null < /proc/$x/environ | grep -qx "DSSLOCK_TOKEN=$tok"; then
+			echo "alive $x $tok" >> "$j"
+		fi
+	done
+fi
+echo "start $DSSLOCK_TOKEN" >> "$j"
+(while :; do echo "beat $DSSLOCK_TOKEN" >> "$j"; sleep 0.01; done) &
+echo "$$ $! $DSSLOCK_TOKEN" > "$pids"
+echo "started $id"
+wait`
+
+// checkJournal checks the journal of journalScript's commands: each
+// command's beats come between its start and the next command's start, no
+// command found the one before still running, and at least rounds commands
+// started.
+func checkJournal(t *testing.T, journal string, rounds int) {
+	t.Helper()
 	data := readJournal(t, journal)
 	var cur hlc.Timestamp
 	starts := 0
