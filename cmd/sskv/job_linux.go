@@ -37,9 +37,10 @@ const (
 // it kills COMMAND's tree, for a lock whose TTL - RenewDeadline is grace.
 //
 // Why the tree is dead before the key can expire. Let r be when the holder
-// sent its last renewal that succeeded: the store keeps the key until at
-// least r + TTL (it starts the TTL when the renewal arrives), and the holder
-// decides "lost" at r + RenewDeadline (lock/holding.go). If sskv pauses at
+// sent the last renewal it saw succeed: the store keeps the key until at
+// least r + TTL (it starts the TTL when the renewal arrives; a later
+// renewal that succeeded unseen only moves that on), and the holder decides
+// "lost" at r + RenewDeadline (lock/holding.go). If sskv pauses at
 // p, its last heartbeat reached the supervisor no later than p, so the
 // supervisor kills the tree by p + timeout. Either
 //   - p < r + RenewDeadline (sskv paused while it still held the lock):
@@ -52,8 +53,9 @@ const (
 //     grace, r + TTL, as when sskv does not pause (a pause only brings that
 //     kill forward).
 //
-// A heartbeat goes every timeout/3 (TTL/12 with the defaults), so sskv must
-// stall for three of them in a row before a healthy COMMAND is killed.
+// A heartbeat goes every timeout/3 (TTL/12 with the defaults), so a healthy
+// COMMAND is killed only if sskv misses three in a row: a stall that long
+// (TTL/4) would have brought the lock close to its renew deadline anyway.
 func watchdogTimeout(grace time.Duration) time.Duration {
 	return (grace / 4 * 3).Truncate(time.Millisecond) // shorter, so no later
 }

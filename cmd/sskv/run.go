@@ -284,9 +284,10 @@ and kills them all when sskv is gone. The supervisor is also a watchdog:
 sskv sends it a heartbeat every TTL/12, and if none comes for TTL/4 (sskv
 paused: SIGSTOP, a debugger, or stalled that long), it kills COMMAND's
 whole tree at once with SIGKILL, before the lock can expire, and says so
-on stderr. Ctrl-Z stops sskv, the supervisor and COMMAND together; after
-fg, the supervisor may find the heartbeat overdue and kill COMMAND: the
-lock may have expired meanwhile. Still possible:
+on stderr; sskv, once it runs again, exits with status 4. Ctrl-Z stops
+sskv, the supervisor and COMMAND together; after fg, the supervisor may
+find the heartbeat overdue and kill COMMAND: the lock may have expired
+meanwhile. Still possible:
   - the whole machine pausing (a suspended VM, a laptop asleep) long
     enough for the lock to expire: COMMAND's processes may run on after
     the lock expired and another holder's COMMAND started;

@@ -130,10 +130,13 @@ type supervisor struct {
 	status      int  // COMMAND's exit status, once exited
 	terminating bool // the tree got SIGTERM
 	killing     bool // the tree is being killed
+	starved     bool // the watchdog killed the tree
 }
 
 // run supervises COMMAND until it and every process it started are gone,
-// and returns COMMAND's exit status (128+N if signal N ended it).
+// and returns COMMAND's exit status (128+N if signal N ended it), or
+// exitLost if the watchdog killed the tree: then sskv, once it runs again,
+// exits with it, as when it found the lock lost.
 func (s *supervisor) run(ctl io.Reader) int {
 	orders := make(chan byte)
 	go readOrders(ctl, orders)
@@ -168,6 +171,9 @@ func (s *supervisor) run(ctl io.Reader) int {
 			}
 		case batch, ok := <-exits:
 			if !ok {
+				if s.starved {
+					return exitLost
+				}
 				return s.status // no child left, so no descendant
 			}
 			for _, e := range batch {
@@ -192,6 +198,7 @@ func (s *supervisor) run(ctl io.Reader) int {
 			if s.killing {
 				break
 			}
+			s.starved = true
 			n := s.kill()
 			fmt.Fprintf(s.stderr, "sskv: sskv lock stopped answering for %v (paused?): killed %s's tree (%s) before its lock can expire\n", s.timeout, s.name, processes(n))
 		case <-killAt:
