@@ -315,7 +315,9 @@ func durationStats(ds []time.Duration) string {
 // A lock lost while the command runs: SIGTERM reaches every process of the
 // command, SIGKILL those that ignore it, and sskv returns only once all are
 // gone: the command, a worker in a session of its own, and an orphan (whose
-// parent exited).
+// parent exited). TTL 1200ms: the watchdog's timeout (TTL/4) is then
+// longer than the stalls of this test process, which is sskv here, under
+// -race on a busy machine.
 func TestLockLostEndsWholeTree(t *testing.T) {
 	srv := startStore(t, localstore.Config{})
 	cue := fifo(t)
@@ -330,7 +332,7 @@ setsid sh -c 'echo "$1 $$ $2 $DSSLOCK_TOKEN" > "$0"; while :; do sleep 0.01; don
 wait`
 	done := make(chan outcome, 1)
 	go func() {
-		done <- sskvRun(t, "-addr", srv.Addr(), "lock", "-ttl", "600ms", "l", "--", "sh", "-c", script, cue)
+		done <- sskvRun(t, "-addr", srv.Addr(), "lock", "-ttl", "1200ms", "l", "--", "sh", "-c", script, cue)
 	}()
 	ps, tok := readPIDs(t, readFIFO(t, cue))
 	killAtEnd(t, ps, tok)
@@ -354,7 +356,7 @@ wait`
 		t.Fatal("sskv has not returned 20 s after the loss")
 	}
 	o.want(t, exitLost, "", `sskv: lock "l" lost: held by another holder`)
-	if !strings.Contains(o.stderr, "still running 200ms after SIGTERM") {
+	if !strings.Contains(o.stderr, "still running 400ms after SIGTERM") {
 		t.Errorf("stderr %q: no word of the kill after the grace", o.stderr)
 	}
 	for _, pid := range ps {
@@ -365,14 +367,15 @@ wait`
 }
 
 // A command that exits and leaves processes running: they get SIGTERM, then
-// SIGKILL if they ignore it, and the lock is released only after.
+// SIGKILL if they ignore it, and the lock is released only after. (TTL
+// 1200ms: see TestLockLostEndsWholeTree.)
 func TestLockEndsWhatCommandLeft(t *testing.T) {
 	srv := startStore(t, localstore.Config{})
 	pids := filepath.Join(t.TempDir(), "pids")
 	// They leave sskv's output, so that sskv does not wait for them to
 	// close it.
 	script := `exec >/dev/null 2>&1; sleep 300 & a=$!; trap '' TERM; sleep 300 & echo "$a $! $DSSLOCK_TOKEN" > "$0"`
-	o := sskvRun(t, "-addr", srv.Addr(), "lock", "-ttl", "600ms", "l", "--", "sh", "-c", script, pids)
+	o := sskvRun(t, "-addr", srv.Addr(), "lock", "-ttl", "1200ms", "l", "--", "sh", "-c", script, pids)
 	b, err := os.ReadFile(pids)
 	if err != nil {
 		t.Fatal(err)
@@ -380,7 +383,7 @@ func TestLockEndsWhatCommandLeft(t *testing.T) {
 	ps, tok := readPIDs(t, string(b))
 	killAtEnd(t, ps, tok)
 	o.want(t, exitOK, "", "sskv: sh exited, leaving 2 processes running: sent them SIGTERM\n"+
-		"sskv: 1 process still running 200ms after SIGTERM: sent SIGKILL\n")
+		"sskv: 1 process still running 400ms after SIGTERM: sent SIGKILL\n")
 	for _, pid := range ps {
 		if running(pid, tok) {
 			t.Errorf("process %d, left by the command, still runs after sskv returned", pid)
