@@ -65,8 +65,9 @@ func init() {
 	}
 }
 
-// supervise runs the supervisor with args (GRACE TIMEOUT PATH ARGV0 ARGS...), orders
-// read from ctl, and messages to stderr, and returns its exit status.
+// supervise runs the supervisor with args (GRACE TIMEOUT PATH ARGV0
+// ARGS...), orders read from ctl, and messages to stderr, and returns its
+// exit status.
 func supervise(args []string, ctl io.Reader, stderr io.Writer) int {
 	if len(args) < 4 {
 		fmt.Fprintln(stderr, "sskv: the supervisor is for sskv lock, not to run by hand")
@@ -82,7 +83,7 @@ func supervise(args []string, ctl io.Reader, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "sskv: supervisor: heartbeat timeout %q: want a positive duration\n", args[1])
 		return exitUsage
 	}
-	args = args[1:] // PATH ARGV0 ARGS... from args[1]
+	args = args[1:] // then args[1] is PATH, and args[2:] ARGV0 ARGS...
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGPIPE)
 	// Refuse to run COMMAND unless the tree can be ended.
 	if err := setChildSubreaper(); err != nil {
