@@ -102,8 +102,10 @@ func TestLockLostTerminatesCommand(t *testing.T) {
 	started, trapped := filepath.Join(dir, "started"), filepath.Join(dir, "trapped")
 	script := `trap 'echo TERM > "$1"; exit 0' TERM; : > "$0"; while :; do sleep 0.01; done`
 	done := make(chan outcome, 1)
+	// TTL 1s: the watchdog's timeout on Linux (TTL/4) is then longer than
+	// the stalls of this test process, which is sskv here, under -race.
 	go func() {
-		done <- sskvRun(t, "-addr", srv.Addr(), "lock", "-ttl", "300ms", "l", "--", "sh", "-c", script, started, trapped)
+		done <- sskvRun(t, "-addr", srv.Addr(), "lock", "-ttl", "1s", "l", "--", "sh", "-c", script, started, trapped)
 	}()
 	waitFile(t, started)
 	// Someone takes the key: the holder's next renewal finds it held by

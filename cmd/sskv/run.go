@@ -280,10 +280,19 @@ If sskv itself ends (kill -9, a crash), COMMAND and every process it
 started are killed at once, before the lock can expire: on Linux, sskv
 runs COMMAND under a supervisor, a second sskv process that adopts every
 process of COMMAND's tree, whatever process group or session it moves to,
-and kills them all when sskv is gone. Still possible:
-  - the machine, or sskv alone (SIGSTOP, a debugger), pausing for longer
-    than the TTL: COMMAND's processes may run on after the lock expired
-    and another holder's COMMAND started;
+and kills them all when sskv is gone. The supervisor is also a watchdog:
+sskv sends it a heartbeat every TTL/12, and if none comes for TTL/4 (sskv
+paused: SIGSTOP, a debugger, or stalled that long), it kills COMMAND's
+whole tree at once with SIGKILL, before the lock can expire, and says so
+on stderr; sskv, once it runs again, exits with status 4. Ctrl-Z stops
+sskv, the supervisor and COMMAND together; after fg, the supervisor may
+find the heartbeat overdue and kill COMMAND: the lock may have expired
+meanwhile. Still possible:
+  - the whole machine pausing (a suspended VM, a laptop asleep) long
+    enough for the lock to expire: COMMAND's processes may run on after
+    the lock expired and another holder's COMMAND started;
+  - the supervisor alone paused (SIGSTOP of its process): if the lock is
+    lost meanwhile, COMMAND runs on until the supervisor resumes;
   - the supervisor killed (by kill -9 of sskv's whole process group, or
     the OOM killer): COMMAND gets SIGKILL too, but processes it started
     may run on;
@@ -291,9 +300,9 @@ and kills them all when sskv is gone. Still possible:
     manager, at, a container runtime, ssh to another host), or that sskv
     may not signal (run as another user, by sudo say).
 Elsewhere than on Linux there is no supervisor: signals and SIGKILL reach
-COMMAND alone, and COMMAND runs on if sskv is killed. Against all of
-these, make COMMAND's writes fenced: "sskv set -ft $DSSLOCK_TOKEN" (or
-the library's fenced package), which the store refuses once a later
+COMMAND alone, and COMMAND runs on if sskv is killed or paused. Against
+all of these, make COMMAND's writes fenced: "sskv set -ft $DSSLOCK_TOKEN"
+(or the library's fenced package), which the store refuses once a later
 holder has written the same key.`,
 		flags: func(fs *flag.FlagSet, o *cmdOpts) {
 			durationFlag(fs, &o.ttl, "ttl", lock.DefaultTTL, "the lease `DURATION`: how long the lock outlives its holder's last renewal")

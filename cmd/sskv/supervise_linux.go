@@ -16,9 +16,9 @@ import (
 
 // The supervisor of a COMMAND of "sskv lock" (see job_linux.go for the side
 // of sskv). It is this program, run with supervisorArg0 as its argv[0] and
-// the arguments GRACE PATH ARGV0 ARGS...: it runs COMMAND (PATH, with the
-// argument list ARGV0 ARGS...) and exits with its status once COMMAND and
-// every process COMMAND started have exited.
+// the arguments GRACE TIMEOUT PATH ARGV0 ARGS...: it runs COMMAND (PATH,
+// with the argument list ARGV0 ARGS...) and exits with its status once
+// COMMAND and every process COMMAND started have exited.
 //
 // Why COMMAND's whole tree cannot outlive sskv:
 //   - The supervisor is a child subreaper (PR_SET_CHILD_SUBREAPER): a
@@ -34,13 +34,20 @@ import (
 //     process that took the number of one that exited), and after SIGKILL
 //     does it again each time children exited, until it has no child left:
 //     then no process of the tree is left.
+//   - It is a watchdog too: sskv sends a heartbeat on the pipe, and when no
+//     order came within TIMEOUT (sskv paused: SIGSTOP, a debugger), it
+//     kills the tree at once, before the lock can expire (see
+//     watchdogTimeout).
 //   - COMMAND has SIGKILL as its parent-death signal, for the case that the
 //     supervisor itself is killed.
 //
 // COMMAND stays in the process group of sskv: it reads the terminal and gets
 // the terminal's Ctrl-C and Ctrl-Z as it would without sskv. The supervisor
 // catches those signals (so that they do not end it) and does nothing with
-// them: sskv passes SIGINT and SIGTERM on to COMMAND itself.
+// them: sskv passes SIGINT and SIGTERM on to COMMAND itself. Ctrl-Z stops
+// the whole group, the supervisor too; after fg, the supervisor may find
+// the heartbeat overdue and kill the tree: the safe outcome, as the lock
+// may have expired meanwhile.
 
 // supervisorArg0 is the argv[0] with which sskv runs its supervisor. No
 // program is installed under such a name.
@@ -58,10 +65,11 @@ func init() {
 	}
 }
 
-// supervise runs the supervisor with args (GRACE PATH ARGV0 ARGS...), orders
-// read from ctl, and messages to stderr, and returns its exit status.
+// supervise runs the supervisor with args (GRACE TIMEOUT PATH ARGV0
+// ARGS...), orders read from ctl, and messages to stderr, and returns its
+// exit status.
 func supervise(args []string, ctl io.Reader, stderr io.Writer) int {
-	if len(args) < 3 {
+	if len(args) < 4 {
 		fmt.Fprintln(stderr, "sskv: the supervisor is for sskv lock, not to run by hand")
 		return exitUsage
 	}
@@ -70,6 +78,12 @@ func supervise(args []string, ctl io.Reader, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "sskv: supervisor: %v\n", err)
 		return exitUsage
 	}
+	timeout, err := time.ParseDuration(args[1])
+	if err != nil || timeout <= 0 {
+		fmt.Fprintf(stderr, "sskv: supervisor: heartbeat timeout %q: want a positive duration\n", args[1])
+		return exitUsage
+	}
+	args = args[1:] // then args[1] is PATH, and args[2:] ARGV0 ARGS...
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGPIPE)
 	// Refuse to run COMMAND unless the tree can be ended.
 	if err := setChildSubreaper(); err != nil {
@@ -92,7 +106,7 @@ func supervise(args []string, ctl io.Reader, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "sskv: %v\n", err)
 		return exitError
 	}
-	s := &supervisor{cmd: cmd, name: args[2], grace: grace, stderr: stderr}
+	s := &supervisor{cmd: cmd, name: args[2], grace: grace, timeout: timeout, stderr: stderr}
 	return s.run(ctl)
 }
 
@@ -111,24 +125,37 @@ type supervisor struct {
 	cmd         *exec.Cmd // COMMAND
 	name        string    // COMMAND's argv[0], for messages
 	grace       time.Duration
+	timeout     time.Duration // of the watchdog: see watchdogTimeout
 	stderr      io.Writer
 	exited      bool // COMMAND has exited (and was reaped)
 	status      int  // COMMAND's exit status, once exited
 	terminating bool // the tree got SIGTERM
 	killing     bool // the tree is being killed
+	starved     bool // the watchdog killed the tree
 }
 
 // run supervises COMMAND until it and every process it started are gone,
-// and returns COMMAND's exit status (128+N if signal N ended it).
+// and returns COMMAND's exit status (128+N if signal N ended it), or
+// exitLost if the watchdog killed the tree: then sskv, once it runs again,
+// exits with it, as when it found the lock lost.
 func (s *supervisor) run(ctl io.Reader) int {
 	orders := make(chan byte)
 	go readOrders(ctl, orders)
 	exits := make(chan []childExit)
 	go reap(exits)
 	var killAt <-chan time.Time
+	// The watchdog: every order from sskv (a heartbeat at least) resets
+	// it; the end of the pipe stops it.
+	watchdog := time.NewTimer(s.timeout)
+	defer watchdog.Stop()
 	for {
 		select {
 		case o := <-orders:
+			if o == 0 {
+				watchdog.Stop()
+			} else {
+				watchdog.Reset(s.timeout)
+			}
 			switch o {
 			case orderInterrupt:
 				s.signalCommand(syscall.SIGINT)
@@ -145,6 +172,9 @@ func (s *supervisor) run(ctl io.Reader) int {
 			}
 		case batch, ok := <-exits:
 			if !ok {
+				if s.starved {
+					return exitLost
+				}
 				return s.status // no child left, so no descendant
 			}
 			for _, e := range batch {
@@ -161,6 +191,17 @@ func (s *supervisor) run(ctl io.Reader) int {
 				// COMMAND ended: so does whatever it left running.
 				killAt = s.terminate(killAt)
 			}
+		case <-watchdog.C:
+			// No heartbeat: sskv is paused (or stalled as long), and can
+			// neither renew the lock nor end COMMAND when it is lost. No
+			// time for SIGTERM's grace: the kill must come before the key
+			// can expire.
+			if s.killing {
+				break
+			}
+			s.starved = true
+			n := s.kill()
+			fmt.Fprintf(s.stderr, "sskv: sskv lock stopped answering for %v (paused?): killed %s's tree (%s) before its lock can expire\n", s.timeout, s.name, processes(n))
 		case <-killAt:
 			killAt = nil
 			if s.killing {

@@ -120,23 +120,6 @@ func TestLockKill9EndsCommandTree(t *testing.T) {
 	srv := startStore(t, localstore.Config{})
 	dir := t.TempDir()
 	journal, pids := filepath.Join(dir, "journal"), filepath.Join(dir, "pids")
-	// Each line of the journal is one write(2) to a file opened with
-	// O_APPEND: the journal's order is the order of the writes. The holder
-	// before must be gone when a command starts: "alive" if it is not.
-	script := `j=$0 id=$1 pids=$2
-if [ -s "$pids" ]; then
-	read p w tok < "$pids"
-	for x in $p $w; do
-		if tr '\0' '\n' < /proc/$x/environ 2>/dev/null | grep -qx "DSSLOCK_TOKEN=$tok"; then
-			echo "alive $x $tok" >> "$j"
-		fi
-	done
-fi
-echo "start $DSSLOCK_TOKEN" >> "$j"
-(while :; do echo "beat $DSSLOCK_TOKEN" >> "$j"; sleep 0.01; done) &
-echo "$$ $! $DSSLOCK_TOKEN" > "$pids"
-echo "started $id"
-wait`
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -151,7 +134,7 @@ wait`
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.cmd = exec.Command(self, "-addr", srv.Addr(), "lock", "-ttl", ttl, "jobs/k9", "--", "sh", "-c", script, journal, c.id, pids)
+		c.cmd = exec.Command(self, "-addr", srv.Addr(), "lock", "-ttl", ttl, "jobs/k9", "--", "sh", "-c", journalScript, journal, c.id, pids)
 		c.cmd.Env = append(os.Environ(), "SSKV_TEST_MAIN=1")
 		c.cmd.Stdout, c.cmd.Stderr = w, c.stderr
 		err = c.cmd.Start()
@@ -251,8 +234,38 @@ wait`
 	t.Logf("  command's tree gone after kill -9: %s", durationStats(goneAfter))
 	t.Logf("  next command started after kill -9: %s", durationStats(handover))
 
-	// The journal: each command's beats come between its start and the next
-	// command's start, and no command found the one before still running.
+	checkJournal(t, journal, rounds)
+}
+
+// journalScript is the command of the contenders in
+// TestLockKill9EndsCommandTree and TestLockStoppedEndsCommandTree, run with
+// the arguments JOURNAL ID PIDS: it writes "start TOKEN" to the journal,
+// starts a worker that writes "beat TOKEN" every 10 ms, writes the PIDs of
+// both and its token to the file PIDS, and "started ID" on stdout. Each line
+// of the journal is one write(2) to a file opened with O_APPEND: the
+// journal's order is the order of the writes. The holder before must be
+// gone when a command starts: it writes "alive PID TOKEN" if it is not.
+const journalScript = `j=$0 id=$1 pids=$2
+if [ -s "$pids" ]; then
+	read p w tok < "$pids"
+	for x in $p $w; do
+		if tr '\0' '\n' 2>/dev/null < /proc/$x/environ | grep -qx "DSSLOCK_TOKEN=$tok"; then
+			echo "alive $x $tok" >> "$j"
+		fi
+	done
+fi
+echo "start $DSSLOCK_TOKEN" >> "$j"
+(while :; do echo "beat $DSSLOCK_TOKEN" >> "$j"; sleep 0.01; done) &
+echo "$$ $! $DSSLOCK_TOKEN" > "$pids"
+echo "started $id"
+wait`
+
+// checkJournal checks the journal of journalScript's commands: each
+// command's beats come between its start and the next command's start, no
+// command found the one before still running, and at least rounds commands
+// started.
+func checkJournal(t *testing.T, journal string, rounds int) {
+	t.Helper()
 	data := readJournal(t, journal)
 	var cur hlc.Timestamp
 	starts := 0
@@ -302,7 +315,9 @@ func durationStats(ds []time.Duration) string {
 // A lock lost while the command runs: SIGTERM reaches every process of the
 // command, SIGKILL those that ignore it, and sskv returns only once all are
 // gone: the command, a worker in a session of its own, and an orphan (whose
-// parent exited).
+// parent exited). TTL 1200ms: the watchdog's timeout (TTL/4) is then
+// longer than the stalls of this test process, which is sskv here, under
+// -race on a busy machine.
 func TestLockLostEndsWholeTree(t *testing.T) {
 	srv := startStore(t, localstore.Config{})
 	cue := fifo(t)
@@ -317,7 +332,7 @@ setsid sh -c 'echo "$1 $$ $2 $DSSLOCK_TOKEN" > "$0"; while :; do sleep 0.01; don
 wait`
 	done := make(chan outcome, 1)
 	go func() {
-		done <- sskvRun(t, "-addr", srv.Addr(), "lock", "-ttl", "600ms", "l", "--", "sh", "-c", script, cue)
+		done <- sskvRun(t, "-addr", srv.Addr(), "lock", "-ttl", "1200ms", "l", "--", "sh", "-c", script, cue)
 	}()
 	ps, tok := readPIDs(t, readFIFO(t, cue))
 	killAtEnd(t, ps, tok)
@@ -341,7 +356,7 @@ wait`
 		t.Fatal("sskv has not returned 20 s after the loss")
 	}
 	o.want(t, exitLost, "", `sskv: lock "l" lost: held by another holder`)
-	if !strings.Contains(o.stderr, "still running 200ms after SIGTERM") {
+	if !strings.Contains(o.stderr, "still running 400ms after SIGTERM") {
 		t.Errorf("stderr %q: no word of the kill after the grace", o.stderr)
 	}
 	for _, pid := range ps {
@@ -352,14 +367,15 @@ wait`
 }
 
 // A command that exits and leaves processes running: they get SIGTERM, then
-// SIGKILL if they ignore it, and the lock is released only after.
+// SIGKILL if they ignore it, and the lock is released only after. (TTL
+// 1200ms: see TestLockLostEndsWholeTree.)
 func TestLockEndsWhatCommandLeft(t *testing.T) {
 	srv := startStore(t, localstore.Config{})
 	pids := filepath.Join(t.TempDir(), "pids")
 	// They leave sskv's output, so that sskv does not wait for them to
 	// close it.
 	script := `exec >/dev/null 2>&1; sleep 300 & a=$!; trap '' TERM; sleep 300 & echo "$a $! $DSSLOCK_TOKEN" > "$0"`
-	o := sskvRun(t, "-addr", srv.Addr(), "lock", "-ttl", "600ms", "l", "--", "sh", "-c", script, pids)
+	o := sskvRun(t, "-addr", srv.Addr(), "lock", "-ttl", "1200ms", "l", "--", "sh", "-c", script, pids)
 	b, err := os.ReadFile(pids)
 	if err != nil {
 		t.Fatal(err)
@@ -367,7 +383,7 @@ func TestLockEndsWhatCommandLeft(t *testing.T) {
 	ps, tok := readPIDs(t, string(b))
 	killAtEnd(t, ps, tok)
 	o.want(t, exitOK, "", "sskv: sh exited, leaving 2 processes running: sent them SIGTERM\n"+
-		"sskv: 1 process still running 200ms after SIGTERM: sent SIGKILL\n")
+		"sskv: 1 process still running 400ms after SIGTERM: sent SIGKILL\n")
 	for _, pid := range ps {
 		if running(pid, tok) {
 			t.Errorf("process %d, left by the command, still runs after sskv returned", pid)
