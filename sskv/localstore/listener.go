@@ -13,10 +13,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/listeners"
 	"github.com/mochi-mqtt/server/v2/packets"
-
-	mqtt "github.com/dsslock/dsslock/sskv/localstore/internal/mochi"
 )
 
 // connectTimeout bounds how long a new connection may take to send CONNECT.
@@ -112,15 +111,8 @@ func (l *listener) ended(dc *deadlineConn, err error) {
 func (l *listener) establish(fn listeners.EstablishFn, dc *deadlineConn) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			// The CONNECT handshake runs on a goroutine of its own, and
-			// the broker raises its panic again here, with its stack.
-			var pcs []uintptr
-			if hp, ok := p.(*mqtt.HandshakePanic); ok {
-				pcs = hp.Stack
-			} else {
-				pcs = make([]uintptr, 64)
-				pcs = pcs[:runtime.Callers(2, pcs)]
-			}
+			pcs := make([]uintptr, 64)
+			pcs = pcs[:runtime.Callers(2, pcs)]
 			if !panicIn(pcs, decoderPackage) {
 				panic(p)
 			}
