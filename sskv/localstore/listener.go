@@ -79,8 +79,6 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 }
 
 // ended cleans up after the connection dc, whose handling ended with err.
-// (Not in Serve's goroutine: its frame would sit on every idle
-// connection's stack.)
 func (l *listener) ended(dc *deadlineConn, err error) {
 	_ = dc.Close()
 	l.s.connectionDone(dc)
