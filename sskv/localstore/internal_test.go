@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net"
 	"reflect"
-	"runtime"
 	"testing"
 	"time"
 
@@ -115,8 +114,7 @@ func TestFlowControlOff(t *testing.T) {
 func recoverIn(prefix string, f func()) (in bool) {
 	defer func() {
 		if recover() != nil {
-			pcs := make([]uintptr, 64)
-			in = panicIn(pcs[:runtime.Callers(2, pcs)], prefix)
+			in = panicIn(prefix)
 		}
 	}()
 	f()
