@@ -85,7 +85,7 @@
 //     the queue holds notifications.
 //   - An idle connection costs the broker's two goroutines (mochi's reader
 //     and writer) and about 27 KB (BenchmarkIdleConnectionCost); an idle
-//     sskv client costs the standalone store about 55-59 KB of RSS
+//     sskv client costs the standalone store about 55-66 KB of RSS
 //     (BenchmarkIdleClientRSS in cmd/statestore). The broker is upstream
 //     mochi-mqtt, unchanged; docs/design/mochi-upstream.md says what a
 //     smaller connection would need from it.
