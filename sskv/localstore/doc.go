@@ -87,11 +87,12 @@
 //   - Notifications wait, in version order, in a queue per connection, which
 //     a goroutine per connection hands to the broker; it runs only while
 //     the queue holds notifications.
-//   - An idle connection costs one goroutine, its reader, and about 10 KB
-//     (BenchmarkIdleConnectionCost). The broker is mochi-mqtt's, changed for
-//     this (see internal/mochi): its CONNECT handshake runs on a goroutine
-//     that ends with it, and a connection's writes run on a goroutine only
-//     while something is queued to it.
+//   - An idle connection costs the broker's two goroutines (mochi's reader
+//     and writer) and about 27 KB (BenchmarkIdleConnectionCost); an idle
+//     sskv client costs the standalone store about 55-66 KB of RSS
+//     (BenchmarkIdleClientRSS in cmd/statestore). The broker is upstream
+//     mochi-mqtt, unchanged; docs/design/mochi-upstream.md says what a
+//     smaller connection would need from it.
 //   - At most Config.MaxPendingMessages (default 8192) messages are held for
 //     a connection: QoS 1 messages sent and not yet acknowledged, plus queued
 //     notifications. A client that reaches the limit is disconnected with
