@@ -8,6 +8,7 @@ require (
 	github.com/Azure/iot-operations-sdks/go/services v0.4.1
 	github.com/dsslock/dsslock v0.0.0
 	github.com/eclipse/paho.golang v0.23.0
+	golang.org/x/sync v0.24.0
 )
 
 require (
@@ -29,8 +30,7 @@ require (
 	github.com/sosodev/duration v1.4.0 // indirect
 	golang.org/x/crypto v0.45.0 // indirect
 	golang.org/x/net v0.47.0 // indirect
-	golang.org/x/sync v0.24.0 // indirect
-	golang.org/x/sys v0.42.0 // indirect
+	golang.org/x/sys v0.45.0 // indirect
 )
 
 replace github.com/dsslock/dsslock => ../
