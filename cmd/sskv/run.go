@@ -597,9 +597,11 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	case "watch":
 		return watch(ctx, c, pos, stdout, stderr)
 	case "lock":
-		var log *slog.Logger // sskv reports a loss itself; -v shows the lock's own logs
-		if cf.verbose {
-			log = cfg.Logger
+		// The lock's warnings reach the user; its loss, sskv reports
+		// itself, unless -v shows all the lock's own logs.
+		log := cfg.Logger
+		if !cf.verbose {
+			log = slog.New(withoutLoss{log.Handler()})
 		}
 		return runLocked(ctx, c, pos[0], o.limit, pos[1:], o.ttl, log, stdin, stdout, stderr)
 	case "elect":

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -45,4 +46,17 @@ func TestLockOnKeySetByHandIsNotSilent(t *testing.T) {
 			t.Fatalf("3 s on, sskv lock waits for a key set by hand without expiry and has said nothing of it: stderr %q", p.stderr)
 		}
 	}
+}
+
+// The line comes at once, naming what holds the key, and the lock's own
+// warning reaches the user too, without -v: at TTL 100ms, a safeguard
+// recheck 10 TTLs on finds the key unchanged.
+func TestLockOnKeySetByHandWarns(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	setOK(t, "-addr", srv.Addr(), "set", "k", "hello")
+	p := startSSKV(t, "-addr", srv.Addr(), "lock", "-ttl", "100ms", "k", "--", "true")
+	p.stderr.WaitFor(t, regexp.MustCompile(`^sskv: lock "k" is held by "hello"; waiting for its release or expiry \(a value set by hand without expiry is never released: 'sskv del k'\)\n`))
+	p.stderr.WaitFor(t, regexp.MustCompile(`(?m)^time=\S+ level=WARN msg="lock: the key has not changed since the last safeguard check`))
+	p.signal(t, syscall.SIGINT)
+	p.wantExit(t, exitError, `sskv: lock "k": interrupted while waiting`)
 }
