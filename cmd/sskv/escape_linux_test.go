@@ -45,10 +45,11 @@ func takeNext(t *testing.T, addr, name string) {
 	t.Cleanup(func() { _ = l.Unlock(context.Background()) })
 }
 
-// kill -9 of sskv's whole process group, as "kill -9 %1" in a shell,
-// "timeout -s KILL" and "pkill -9 -f sskv" do: sskv and its supervisor end
-// at once, and a worker that COMMAND started in a session of its own must
-// not outlive the lock.
+// kill -9 of sskv's whole process group, as "kill -9 %1" in a shell and
+// "timeout -s KILL" do: sskv and COMMAND end at once, and a worker that
+// COMMAND started in a session of its own must not outlive the lock.
+// ("pkill -9 -f sskv" is another case: it kills each process whose command
+// line holds "sskv", the supervisor's too; see "sskv help lock".)
 func TestLockKillOfProcessGroupEndsTree(t *testing.T) {
 	srv := startStore(t, localstore.Config{})
 	cue := fifo(t)
