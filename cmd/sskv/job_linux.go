@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strconv"
 	"syscall"
 	"time"
 )
@@ -17,6 +18,15 @@ import (
 // exited, however: kill -9 too) kills every process COMMAND started, and
 // exits once they are all gone. This process releases the lock only after
 // the supervisor has exited, so after the whole tree is gone.
+//
+// The supervisor runs in a process group of its own, and puts COMMAND into
+// this process's group: a kill of this whole group (kill -9 %1 in a shell,
+// timeout -s KILL) ends this process and COMMAND, and the supervisor, which
+// lives on, kills the rest. And this process is a child subreaper too: if
+// the supervisor alone is killed (the OOM killer, a kill of its PID),
+// COMMAND gets SIGKILL (its parent-death signal), the processes it started
+// become this process's children, and this process kills them and waits
+// until none is left before it releases the lock (see wait).
 //
 // A paused sskv (SIGSTOP of sskv alone, a debugger, a frozen process) does
 // not end, and cannot renew the lock nor decide it lost either: the key
@@ -62,11 +72,12 @@ func watchdogTimeout(grace time.Duration) time.Duration {
 
 // job is COMMAND, run for "sskv lock".
 type job struct {
-	name string        // COMMAND's name, for messages
-	sup  *exec.Cmd     // the supervisor
-	ctl  *os.File      // the write end of the supervisor's control pipe
-	stop chan struct{} // closed to stop the heartbeats
-	beat chan struct{} // closed once the heartbeats have stopped
+	name   string        // COMMAND's name, for messages
+	sup    *exec.Cmd     // the supervisor
+	ctl    *os.File      // the write end of the supervisor's control pipe
+	stop   chan struct{} // closed to stop the heartbeats
+	beat   chan struct{} // closed once the heartbeats have stopped
+	stderr io.Writer
 }
 
 // startJob starts argv with the environment env and stdin, stdout and
@@ -80,6 +91,12 @@ func startJob(argv, env []string, grace time.Duration, stdin io.Reader, stdout, 
 	if err != nil {
 		return nil, err
 	}
+	// Refuse to run COMMAND unless its tree can be ended should the
+	// supervisor be killed. It lasts as long as this process, which waits
+	// for no other child.
+	if err := setChildSubreaper(); err != nil {
+		return nil, fmt.Errorf("cannot supervise %s: prctl(PR_SET_CHILD_SUBREAPER): %w", argv[0], err)
+	}
 	r, w, err := os.Pipe() // close-on-exec: no one else gets w
 	if err != nil {
 		return nil, err
@@ -88,17 +105,18 @@ func startJob(argv, env []string, grace time.Duration, stdin io.Reader, stdout, 
 	// file was replaced or removed since it started.
 	sup := exec.Command("/proc/self/exe")
 	timeout := watchdogTimeout(grace)
-	sup.Args = append([]string{supervisorArg0, grace.String(), timeout.String(), path}, argv...)
+	sup.Args = append([]string{supervisorArg0, grace.String(), timeout.String(), strconv.Itoa(syscall.Getpgrp()), path}, argv...)
 	sup.Env = env
 	sup.Stdin, sup.Stdout, sup.Stderr = stdin, stdout, stderr
-	sup.ExtraFiles = []*os.File{r} // its fd 3
+	sup.ExtraFiles = []*os.File{r}                        // its fd 3
+	sup.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // a group of its own
 	err = sup.Start()
 	r.Close()
 	if err != nil {
 		w.Close()
 		return nil, fmt.Errorf("starting the supervisor of %s: %w", argv[0], err)
 	}
-	j := &job{name: argv[0], sup: sup, ctl: w, stop: make(chan struct{}), beat: make(chan struct{})}
+	j := &job{name: argv[0], sup: sup, ctl: w, stop: make(chan struct{}), beat: make(chan struct{}), stderr: stderr}
 	go j.heartbeat(timeout / 3)
 	return j, nil
 }
@@ -142,7 +160,8 @@ func (j *job) order(o byte) {
 
 // wait waits until COMMAND and every process it started are gone, and
 // returns COMMAND's exit status as sskv exits with it: 128+N if signal N
-// ended it.
+// ended it; or an error if the supervisor was killed, once this process has
+// killed what it left.
 func (j *job) wait() (int, error) {
 	err := j.sup.Wait()
 	close(j.stop)
@@ -155,8 +174,14 @@ func (j *job) wait() (int, error) {
 	case errors.As(err, &ee) && ee.Exited():
 		return ee.ExitCode(), nil // COMMAND's, as the supervisor exits with it
 	}
-	// Killed itself (the OOM killer, a kill -9 of sskv's process group):
-	// COMMAND had SIGKILL too (its parent-death signal), but not the
-	// processes it started.
-	return 0, fmt.Errorf("the supervisor of %s ended: %w; processes %s started may still run", j.name, err, j.name)
+	// The supervisor was killed (the OOM killer, a kill of its PID, or of
+	// its process group). COMMAND had SIGKILL too (its parent-death
+	// signal), but not the processes it started: they are this process's
+	// children now (a child subreaper), or their descendants. Kill them all,
+	// and return only once none is left: then the lock may be released.
+	// Only now that the supervisor was waited for: killTree reaps any child.
+	if n := killTree(j.name, j.stderr); n > 0 {
+		return 0, fmt.Errorf("the supervisor of %s ended (%w): sent SIGKILL to %s of %s's tree, now all gone", j.name, err, processes(n), j.name)
+	}
+	return 0, fmt.Errorf("the supervisor of %s ended (%w); no process of %s's tree was left", j.name, err, j.name)
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -33,6 +34,53 @@ type holder interface {
 	Done() <-chan struct{}
 	Err() error
 	Token() hlc.Timestamp
+}
+
+// sayHolder says on stderr what holds the key of the lock name, if the lock
+// will wait for it: a holder's name alone (a value with no newline), which
+// is what another client's lock writes (a Lock without FenceKey, the SDK's
+// leased lock), but also what "sskv set NAME VALUE" may have written without
+// expiry, never to be released. The store does not tell whether a key
+// expires, so the lock cannot tell these apart, and waits; the user can,
+// once told. Any other value makes the lock fail at once, saying what it
+// is, and a read that fails leaves it to the lock to report.
+func sayHolder(ctx context.Context, c *sskv.Client, name string, stderr io.Writer) {
+	res, err := c.Get(ctx, name)
+	if err != nil || !res.Found || len(res.Value) == 0 || bytes.IndexByte(res.Value, '\n') >= 0 {
+		return
+	}
+	fmt.Fprintf(stderr, "sskv: lock %q is held by %s; waiting for its release or expiry "+
+		"(a value set by hand without expiry is never released: 'sskv del %s')\n", name, quoteHolder(res.Value), name)
+}
+
+// quoteHolder quotes a holder's name for a message, cut short if long.
+func quoteHolder(v []byte) string {
+	const max = 64
+	if len(v) > max {
+		return fmt.Sprintf("%q... (%d bytes)", v[:max], len(v))
+	}
+	return strconv.Quote(string(v))
+}
+
+// withoutLoss is the handler of the lock's logger without -v: the lock's
+// warnings reach the user (such as a key left unchanged for 10 TTLs, which
+// may never be released), but not its "lost", which sskv reports itself,
+// in its own words.
+type withoutLoss struct{ slog.Handler }
+
+func (h withoutLoss) Handle(ctx context.Context, r slog.Record) error {
+	if r.Message == "lost" {
+		return nil
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h withoutLoss) WithAttrs(as []slog.Attr) slog.Handler {
+	return withoutLoss{h.Handler.WithAttrs(as)}
+}
+
+func (h withoutLoss) WithGroup(name string) slog.Handler {
+	return withoutLoss{h.Handler.WithGroup(name)}
 }
 
 // runLocked waits for the lock name (with limit > 0: for one of the limit
@@ -68,6 +116,9 @@ func runLocked(ctx context.Context, c *sskv.Client, name string, limit int, argv
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(sigs)
+	if limit == 0 {
+		sayHolder(ctx, c, name, stderr)
+	}
 	if err := acquire(ctx); err != nil {
 		if ctx.Err() != nil {
 			fmt.Fprintf(stderr, "sskv: lock %q: interrupted while waiting\n", name)

@@ -256,6 +256,11 @@ fenced writes:
 
 	sskv lock jobs/nightly -- sh -c 'sskv set -ft "$DSSLOCK_TOKEN" jobs/last "$(date)"'
 
+If NAME is held when sskv starts to wait, it says by whom on stderr. A
+value set by hand without expiry ("sskv set NAME VALUE") reads as a
+holder's name, but is never released: sskv would wait for it forever,
+until "sskv del NAME".
+
 With -n N, NAME is a semaphore (lock.Semaphore): up to N commands run at
 once, each holding one of its N slots, as "consul lock -n". COMMAND also
 gets DSSLOCK_SLOT, the slot's number (0 to N-1); DSSLOCK_TOKEN is that
@@ -280,22 +285,28 @@ If sskv itself ends (kill -9, a crash), COMMAND and every process it
 started are killed at once, before the lock can expire: on Linux, sskv
 runs COMMAND under a supervisor, a second sskv process that adopts every
 process of COMMAND's tree, whatever process group or session it moves to,
-and kills them all when sskv is gone. The supervisor is also a watchdog:
+and kills them all when sskv is gone. The supervisor has a process group
+of its own, so that a kill of sskv's whole group (kill -9 %1 in a shell,
+timeout -s KILL) leaves it to kill the rest; COMMAND stays in sskv's group
+and gets the terminal's Ctrl-C as it would without sskv. If the supervisor
+alone is killed (the OOM killer, a kill of its PID), sskv kills every
+process COMMAND started, and releases the lock only once all are gone
+(exit status 1, the reason on stderr). The supervisor is also a watchdog:
 sskv sends it a heartbeat every TTL/12, and if none comes for TTL/4 (sskv
 paused: SIGSTOP, a debugger, or stalled that long), it kills COMMAND's
 whole tree at once with SIGKILL, before the lock can expire, and says so
-on stderr; sskv, once it runs again, exits with status 4. Ctrl-Z stops
-sskv, the supervisor and COMMAND together; after fg, the supervisor may
-find the heartbeat overdue and kill COMMAND: the lock may have expired
-meanwhile. Still possible:
+on stderr; sskv, once it runs again, exits with status 4. So Ctrl-Z, which
+stops sskv and COMMAND but not the supervisor, gets COMMAND killed TTL/4
+later (a stopped sskv cannot renew the lock), and after fg sskv exits
+with status 4. Still possible:
   - the whole machine pausing (a suspended VM, a laptop asleep) long
     enough for the lock to expire: COMMAND's processes may run on after
     the lock expired and another holder's COMMAND started;
   - the supervisor alone paused (SIGSTOP of its process): if the lock is
     lost meanwhile, COMMAND runs on until the supervisor resumes;
-  - the supervisor killed (by kill -9 of sskv's whole process group, or
-    the OOM killer): COMMAND gets SIGKILL too, but processes it started
-    may run on;
+  - sskv and the supervisor both killed, each by its PID or its command
+    line (pkill -9 -f sskv matches both): COMMAND gets SIGKILL too, but
+    processes it started may run on;
   - processes COMMAND had others start, outside its tree (a service
     manager, at, a container runtime, ssh to another host), or that sskv
     may not signal (run as another user, by sudo say).
@@ -597,9 +608,11 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	case "watch":
 		return watch(ctx, c, pos, stdout, stderr)
 	case "lock":
-		var log *slog.Logger // sskv reports a loss itself; -v shows the lock's own logs
-		if cf.verbose {
-			log = cfg.Logger
+		// The lock's warnings reach the user; its loss, sskv reports
+		// itself, unless -v shows all the lock's own logs.
+		log := cfg.Logger
+		if !cf.verbose {
+			log = slog.New(withoutLoss{log.Handler()})
 		}
 		return runLocked(ctx, c, pos[0], o.limit, pos[1:], o.ttl, log, stdin, stdout, stderr)
 	case "elect":

@@ -16,9 +16,10 @@ import (
 
 // The supervisor of a COMMAND of "sskv lock" (see job_linux.go for the side
 // of sskv). It is this program, run with supervisorArg0 as its argv[0] and
-// the arguments GRACE TIMEOUT PATH ARGV0 ARGS...: it runs COMMAND (PATH,
-// with the argument list ARGV0 ARGS...) and exits with its status once
-// COMMAND and every process COMMAND started have exited.
+// the arguments GRACE TIMEOUT PGID PATH ARGV0 ARGS...: it runs COMMAND
+// (PATH, with the argument list ARGV0 ARGS...) in the process group PGID,
+// sskv's, and exits with its status once COMMAND and every process COMMAND
+// started have exited.
 //
 // Why COMMAND's whole tree cannot outlive sskv:
 //   - The supervisor is a child subreaper (PR_SET_CHILD_SUBREAPER): a
@@ -38,16 +39,24 @@ import (
 //     order came within TIMEOUT (sskv paused: SIGSTOP, a debugger), it
 //     kills the tree at once, before the lock can expire (see
 //     watchdogTimeout).
-//   - COMMAND has SIGKILL as its parent-death signal, for the case that the
-//     supervisor itself is killed.
+//   - The supervisor runs in a process group of its own, so that a kill of
+//     sskv's whole group (kill -9 %1 in a shell, timeout -s KILL) ends sskv
+//     and COMMAND but not the supervisor, which then kills the rest.
+//   - For the case that the supervisor itself is killed (the OOM killer, a
+//     kill of its PID), COMMAND has SIGKILL as its parent-death signal, and
+//     sskv is a child subreaper too: it adopts the processes COMMAND
+//     started, and kills them before it releases the lock (job.wait).
 //
-// COMMAND stays in the process group of sskv: it reads the terminal and gets
-// the terminal's Ctrl-C and Ctrl-Z as it would without sskv. The supervisor
-// catches those signals (so that they do not end it) and does nothing with
-// them: sskv passes SIGINT and SIGTERM on to COMMAND itself. Ctrl-Z stops
-// the whole group, the supervisor too; after fg, the supervisor may find
-// the heartbeat overdue and kill the tree: the safe outcome, as the lock
-// may have expired meanwhile.
+// COMMAND is put back into the process group of sskv (PGID, of the same
+// session): it reads the terminal and gets the terminal's Ctrl-C and Ctrl-Z
+// as it would without sskv; sskv also passes SIGINT and SIGTERM on to it.
+// The supervisor, in a background group of the same terminal, gets none of
+// these; it catches SIGINT, SIGTERM, SIGHUP and SIGQUIT anyway (sent to it
+// alone, they must not end it before the tree), and ignores SIGTTOU and
+// SIGTTIN, so that a message of its own on the terminal never stops it.
+// Ctrl-Z stops sskv and COMMAND, not the supervisor: the heartbeats stop,
+// and its watchdog kills the tree after TIMEOUT (the lock cannot be renewed
+// meanwhile), the safe outcome; after fg, sskv exits with status 4.
 
 // supervisorArg0 is the argv[0] with which sskv runs its supervisor. No
 // program is installed under such a name.
@@ -65,11 +74,11 @@ func init() {
 	}
 }
 
-// supervise runs the supervisor with args (GRACE TIMEOUT PATH ARGV0
+// supervise runs the supervisor with args (GRACE TIMEOUT PGID PATH ARGV0
 // ARGS...), orders read from ctl, and messages to stderr, and returns its
 // exit status.
 func supervise(args []string, ctl io.Reader, stderr io.Writer) int {
-	if len(args) < 4 {
+	if len(args) < 5 {
 		fmt.Fprintln(stderr, "sskv: the supervisor is for sskv lock, not to run by hand")
 		return exitUsage
 	}
@@ -83,26 +92,39 @@ func supervise(args []string, ctl io.Reader, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "sskv: supervisor: heartbeat timeout %q: want a positive duration\n", args[1])
 		return exitUsage
 	}
-	args = args[1:] // then args[1] is PATH, and args[2:] ARGV0 ARGS...
+	pgid, err := strconv.Atoi(args[2])
+	if err != nil || pgid <= 0 {
+		fmt.Fprintf(stderr, "sskv: supervisor: process group %q: want a positive number\n", args[2])
+		return exitUsage
+	}
+	args = args[2:] // then args[1] is PATH, and args[2:] ARGV0 ARGS...
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGPIPE)
-	// Refuse to run COMMAND unless the tree can be ended.
-	if err := setChildSubreaper(); err != nil {
-		fmt.Fprintf(stderr, "sskv: cannot supervise %s: prctl(PR_SET_CHILD_SUBREAPER): %v\n", args[2], err)
-		return exitError
-	}
-	if err := checkProc(); err != nil {
-		fmt.Fprintf(stderr, "sskv: cannot supervise %s: %v\n", args[2], err)
-		return exitError
-	}
 	cmd := &exec.Cmd{
 		Path: args[1], Args: args[2:],
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
-		// Sent when the thread that forks exits (golang/go#27505): here
-		// the main thread, to which init is locked, and which exits
-		// only with the supervisor.
-		SysProcAttr: &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL},
+		SysProcAttr: &syscall.SysProcAttr{
+			// Sent when the thread that forks exits (golang/go#27505):
+			// here the main thread, to which init is locked, and which
+			// exits only with the supervisor.
+			Pdeathsig: syscall.SIGKILL,
+			// sskv's group: the terminal's job control reaches it.
+			Setpgid: true, Pgid: pgid,
+		},
 	}
-	if err := cmd.Start(); err != nil {
+	// Refuse to run COMMAND unless the tree can be ended.
+	err = setChildSubreaper()
+	if err != nil {
+		err = fmt.Errorf("cannot supervise %s: prctl(PR_SET_CHILD_SUBREAPER): %w", args[2], err)
+	} else if err = checkProc(); err != nil {
+		err = fmt.Errorf("cannot supervise %s: %w", args[2], err)
+	} else {
+		err = cmd.Start()
+	}
+	// Only now, so that COMMAND inherits sskv's dispositions of these, not
+	// SIG_IGN (an ignored signal stays ignored across exec). The messages
+	// below come after it.
+	signal.Ignore(syscall.SIGTTOU, syscall.SIGTTIN)
+	if err != nil {
 		fmt.Fprintf(stderr, "sskv: %v\n", err)
 		return exitError
 	}
@@ -228,7 +250,7 @@ func (s *supervisor) terminate(killAt <-chan time.Time) <-chan time.Time {
 		return killAt
 	}
 	s.terminating = true
-	n := s.signalTree(syscall.SIGTERM)
+	n := signalTree(syscall.SIGTERM, s.name, s.stderr)
 	if s.exited && n > 0 {
 		fmt.Fprintf(s.stderr, "sskv: %s exited, leaving %s running: sent them SIGTERM\n", s.name, processes(n))
 	}
@@ -240,7 +262,7 @@ func (s *supervisor) terminate(killAt <-chan time.Time) <-chan time.Time {
 // many processes it signalled.
 func (s *supervisor) kill() int {
 	s.killing = true
-	return s.signalTree(syscall.SIGKILL)
+	return signalTree(syscall.SIGKILL, s.name, s.stderr)
 }
 
 func processes(n int) string {
@@ -304,12 +326,14 @@ func exitStatus(ws syscall.WaitStatus) int {
 	return ws.ExitStatus()
 }
 
-// signalTree sends sig to every live process that descends from the
-// supervisor, and returns how many it signalled.
-func (s *supervisor) signalTree(sig syscall.Signal) int {
+// signalTree sends sig to every live process that descends from this
+// process (the supervisor; or sskv, once its supervisor was killed: see
+// job.wait), and returns how many it signalled. name is COMMAND's, for
+// messages to stderr.
+func signalTree(sig syscall.Signal, name string, stderr io.Writer) int {
 	procs, err := readProcs()
 	if err != nil {
-		fmt.Fprintf(s.stderr, "sskv: %v\n", err)
+		fmt.Fprintf(stderr, "sskv: %v\n", err)
 		return 0
 	}
 	children := map[int][]int{}
@@ -317,23 +341,40 @@ func (s *supervisor) signalTree(sig syscall.Signal) int {
 		children[p.ppid] = append(children[p.ppid], pid)
 	}
 	self := os.Getpid()
-	tree := map[int]bool{self: true} // processes known to descend from the supervisor
+	tree := map[int]bool{self: true} // processes known to descend from this one
 	queue := children[self]
 	n := 0
 	for len(queue) > 0 {
 		pid := queue[0]
 		queue = append(queue[1:], children[pid]...)
-		if s.signal(pid, sig, tree) {
+		if signalDescendant(pid, sig, tree, name, stderr) {
 			n++
 		}
 	}
 	return n
 }
 
-// signal sends sig to the process pid if it is a live child of a process of
-// tree, adds it to tree if it is a child, and reports whether it signalled
-// it.
-func (s *supervisor) signal(pid int, sig syscall.Signal, tree map[int]bool) bool {
+// killTree kills every process that descends from this process, and reaps
+// its children, until it has none left: then no process of the tree runs.
+// It returns how many processes it signalled first. Each child that exits
+// makes it signal the tree again, for the children of that child, which are
+// this process's now (a child subreaper), and for any they forked before
+// SIGKILL reached them. It reaps any child: only for a process that waits
+// for no child of its own (sskv, once it has waited for its supervisor).
+func killTree(name string, stderr io.Writer) int {
+	exits := make(chan []childExit)
+	go reap(exits)
+	n := signalTree(syscall.SIGKILL, name, stderr)
+	for range exits {
+		signalTree(syscall.SIGKILL, name, stderr)
+	}
+	return n
+}
+
+// signalDescendant sends sig to the process pid if it is a live child of a
+// process of tree, adds it to tree if it is a child, and reports whether it
+// signalled it.
+func signalDescendant(pid int, sig syscall.Signal, tree map[int]bool, name string, stderr io.Writer) bool {
 	// A pidfd (since Linux 5.3; before, only the number): p is the process
 	// that has the number pid now, even if it exits and another one gets
 	// the number. Its parent is read again after: if p still lives then,
@@ -353,7 +394,7 @@ func (s *supervisor) signal(pid int, sig syscall.Signal, tree map[int]bool) bool
 	}
 	if err := p.Signal(sig); err != nil {
 		if !errors.Is(err, os.ErrProcessDone) {
-			fmt.Fprintf(s.stderr, "sskv: cannot signal process %d, which %s started: %v\n", pid, s.name, err)
+			fmt.Fprintf(stderr, "sskv: cannot signal process %d, which %s started: %v\n", pid, name, err)
 		}
 		return false
 	}

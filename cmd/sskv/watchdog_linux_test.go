@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"io"
 	"os"
 	"os/exec"
@@ -284,4 +285,99 @@ func TestLockWatchdogSparesHealthyCommand(t *testing.T) {
 		t.Fatalf("stderr %q; want nothing", o.stderr)
 	}
 	wantFree(t, srv.Addr(), "l")
+}
+
+// Ctrl-Z in a shell: SIGTSTP to sskv's process group, as the terminal sends
+// it, stops sskv and COMMAND, which is in sskv's group, but not the
+// supervisor, in a group of its own: its watchdog, fed no more heartbeats,
+// kills COMMAND's tree before the lock can expire, and sskv, continued,
+// exits 4 as for a lost lock.
+func TestLockCtrlZEndsCommandTree(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	cue, held := fifo(t), fifo(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every process of the command holds the FIFO held open (fd 7).
+	script := `exec 7<>"$1"; sh -c 'echo "$PPID $$ $DSSLOCK_TOKEN" > "$0"; while :; do sleep 0.01; done' "$0" & wait`
+	cmd := exec.Command(self, "-addr", srv.Addr(), "lock", "-ttl", "1s", "l", "--", "sh", "-c", script, cue, held)
+	cmd.Env = append(os.Environ(), "SSKV_TEST_MAIN=1", "GORACE="+os.Getenv("GORACE")+" atexit_sleep_ms=0")
+	stderr := newSyncBuffer()
+	cmd.Stderr = stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // a job of its own, as a shell makes it
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
+	ps, tok := readPIDs(t, readFIFO(t, cue))
+	killAtEnd(t, ps, tok)
+	sup := supervisorOf(t, cmd.Process.Pid)
+	for _, pid := range ps {
+		if g := pgrpOf(t, pid); g != cmd.Process.Pid {
+			t.Errorf("process %d of the command is in process group %d; want sskv's, %d", pid, g, cmd.Process.Pid)
+		}
+	}
+	if g := pgrpOf(t, sup); g != sup {
+		t.Errorf("the supervisor is in process group %d; want its own, %d", g, sup)
+	}
+	f, err := os.OpenFile(held, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	treeGone := make(chan struct{})
+	go func() {
+		defer close(treeGone)
+		_, _ = io.Copy(io.Discard, f) // until no process of the command holds it
+	}()
+
+	stoppedAt := time.Now()
+	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGTSTP); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-treeGone:
+		t.Logf("command's tree gone %v after Ctrl-Z", time.Since(stoppedAt).Round(time.Millisecond))
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the command's processes still run 10 s after Ctrl-Z; stderr %q", stderr)
+	}
+	select {
+	case <-exited:
+		t.Fatalf("sskv exited while stopped: %v", cmd.ProcessState)
+	default:
+	}
+	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("sskv has not exited 10 s after SIGCONT; stderr %q", stderr)
+	}
+	if code := cmd.ProcessState.ExitCode(); code != exitLost || !watchdogSaid.MatchString(stderr.String()) {
+		t.Errorf("sskv exited %d, stderr %q; want %d and stderr matching %q", code, stderr, exitLost, watchdogSaid)
+	}
+	for _, pid := range ps {
+		if running(pid, tok) {
+			t.Errorf("process %d of the command still runs", pid)
+		}
+	}
+}
+
+// pgrpOf returns the process group of the process pid.
+func pgrpOf(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:])) // STATE PPID PGRP ...
+	g, err := strconv.Atoi(f[2])
+	if err != nil {
+		t.Fatalf("stat %q: %v", b, err)
+	}
+	return g
 }
