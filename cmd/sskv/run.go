@@ -304,9 +304,10 @@ with status 4. Still possible:
     the lock expired and another holder's COMMAND started;
   - the supervisor alone paused (SIGSTOP of its process): if the lock is
     lost meanwhile, COMMAND runs on until the supervisor resumes;
-  - sskv and the supervisor both killed, each by its PID or its command
-    line (pkill -9 -f sskv matches both): COMMAND gets SIGKILL too, but
-    processes it started may run on;
+  - sskv and the supervisor (dsslock-supervisor) both killed, each by
+    its PID or its command line (pkill -9 -f with a pattern that COMMAND's
+    arguments also match): COMMAND gets SIGKILL too, but processes it
+    started may run on;
   - processes COMMAND had others start, outside its tree (a service
     manager, at, a container runtime, ssh to another host), or that sskv
     may not signal (run as another user, by sudo say).

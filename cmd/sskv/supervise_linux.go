@@ -59,8 +59,10 @@ import (
 // meanwhile), the safe outcome; after fg, sskv exits with status 4.
 
 // supervisorArg0 is the argv[0] with which sskv runs its supervisor. No
-// program is installed under such a name.
-const supervisorArg0 = "sskv (supervisor)"
+// program is installed under such a name. It does not contain "sskv", so
+// that pkill -f sskv, which kills sskv, spares the supervisor, which then
+// ends the tree.
+const supervisorArg0 = "dsslock-supervisor"
 
 // ctlFD is the supervisor's end of the control pipe.
 const ctlFD = 3
