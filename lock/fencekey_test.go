@@ -81,9 +81,12 @@ func TestFenceKeyRecordsTokenAndValue(t *testing.T) {
 	if _, err := c.Set(ctx, "l", []byte("x"), sskv.SetOptions{FencingToken: older}); !errors.Is(err, sskv.ErrFencingTokenLower) {
 		t.Fatalf("SET with an older token = %v; want ErrFencingTokenLower", err)
 	}
-	// A waiter without FenceKey finds the lock held, and takes it on Unlock.
+	// A waiter finds the lock held, and takes it on Unlock. (It has
+	// FenceKey too: a Lock without it fails with ErrNotALock on a FenceKey
+	// lock's record, see TestNotALockElectionUnderPlainLock.)
+	waiter := newLock(t, oc, lock.Config{Name: "l", FenceKey: true})
 	got := make(chan error, 1)
-	go func() { got <- other.Lock(ctx) }()
+	go func() { got <- waiter.Lock(ctx) }()
 	waitFor(t, "the waiter to watch", func() bool { return srv.Watching(oc.ID(), "l") })
 	if err := a.Unlock(ctx); err != nil {
 		t.Fatal(err)
