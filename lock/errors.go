@@ -19,19 +19,15 @@ var (
 
 	// ErrHeldByOther: the key holds another holder's record, or a newer
 	// token fences it: the lease expired (or the key vanished) and someone
-	// else took it. Found by a renewal, by the holder's watch of its key
-	// (Config.FenceKey), or by the read that confirms the key after a
-	// reconnect.
+	// else took it. Found by a renewal, the holder's watch (FenceKey), or
+	// the read after a reconnect.
 	ErrHeldByOther = errors.New("lock: held by another holder")
 
-	// ErrKeyLost: the key vanished, or changed, behind the holder's back,
-	// so that the holding cannot be sure it was continuous: it was deleted
-	// (by hand, or lost in a store restart), or it holds this holder's
-	// record at a version this holder never wrote (a late request of its
-	// own re-created it, possibly after another holder came and went;
-	// Unlock deletes that record). Found by the holder's watch of its key
-	// (Config.FenceKey), or by the read that confirms the key after a
-	// reconnect, before anything more is written.
+	// ErrKeyLost: the key was deleted (by hand, or in a store restart), or
+	// holds this holder's record at a version it never wrote (a late request
+	// of its own; Unlock deletes that record), so the holding may not have
+	// been continuous. Found by the holder's watch (FenceKey), or the read
+	// after a reconnect, before anything more is written.
 	ErrKeyLost = errors.New("lock: the key changed behind the holder's back")
 
 	// ErrFenced: a write fenced with the lock's token was refused because a
@@ -47,11 +43,9 @@ var (
 	ErrNotHeld = errors.New("lock: not held")
 
 	// ErrNotReleased is wrapped by the error of an Unlock (or Close) that
-	// could not delete the key because the client's connection to the store
-	// was lost: the store was away when Unlock began, or the connection was
-	// lost while the delete was in flight. Unlock does not wait for the
-	// store to come back: the holding has ended all the same, and the key,
-	// if the delete did not reach it, expires within its TTL.
+	// could not delete the key because the connection to the store was
+	// lost, before or during the delete. The holding has ended all the
+	// same; a key the delete did not reach expires within its TTL.
 	ErrNotReleased = errors.New("lock: not released: the connection to the store was lost")
 
 	// ErrAlreadyHeld is returned by Lock and TryLock on a Lock that holds its
@@ -67,24 +61,21 @@ var (
 
 	// ErrNotALock is wrapped by the error of Lock, TryLock and Acquire (and
 	// so of leader.Campaign) when the key holds something that will never
-	// be released to this lock, so that waiting would last forever: a
-	// Semaphore's record (it never expires: the name is a Semaphore's); the
-	// record of a lock with the other FenceKey setting (an election's, under
-	// a Lock without FenceKey; or, under a FenceKey lock, a HolderID alone,
-	// such as the record of the Azure IoT Operations SDK's leased lock,
-	// which a FenceKey lock cannot share a key with); or a value that no
-	// lock writes. The error says what the key holds. Nothing was acquired,
-	// and the key was left as it was.
+	// be released to this lock: a Semaphore's record; a record of the other
+	// FenceKey setting (an election's under a Lock without FenceKey, a
+	// HolderID alone, as the SDK's leased lock writes, under FenceKey); or a
+	// value no lock writes. The error says what the key holds; nothing was
+	// acquired. A name set by hand without expiry looks like a holder's
+	// record to a Lock without FenceKey, and is waited for.
 	ErrNotALock = errors.New("lock: not a lock")
 )
 
 // Errors of a [Semaphore].
 var (
-	// ErrLimitMismatch is wrapped by the error of an acquisition whose
-	// SemaphoreConfig.Limit differs from the limit in the semaphore's
-	// record (the error names both), or whose record key holds something
-	// else. The record never changes by itself: to change the limit, delete
-	// the record (sskv del NAME) while nobody holds the semaphore.
+	// ErrLimitMismatch: SemaphoreConfig.Limit differs from the semaphore's
+	// record (the error names both), or the record key holds something
+	// else. To change the limit, delete the record (sskv del NAME) while
+	// nobody holds the semaphore.
 	ErrLimitMismatch = errors.New("lock: semaphore limit mismatch")
 
 	// ErrNoLimit is wrapped by the error of an acquisition with

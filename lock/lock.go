@@ -114,19 +114,15 @@ func (l *Lock) HolderID() string { return l.cfg.HolderID }
 func (l *Lock) Config() Config { return l.cfg }
 
 // TryLock makes one attempt to acquire the lock (SET NEX PX) and reports
-// whether it did. Not acquiring it because someone else holds it is not an
-// error. When it does not acquire it, it reads the key (GET): a key that
-// will never be released to this Lock (a Semaphore's record, an election's
-// under a Lock without FenceKey: see [ErrNotALock]) gives an error wrapping
-// ErrNotALock, not false. Within a TTL of a reconnect of the client it
-// reports false without trying: the key may have vanished with a store
-// restart while its holder still counts on it (see Lock). An error that
-// wraps a *sskv.ServiceError is the store's refusal (e.g.
-// sskv.ErrTimestampSkew): nothing was acquired. Any other error means the
-// outcome is unknown (a timeout, a lost connection): the Lock holds
-// nothing, and deletes the key if it took it, in the background (TryLock
-// returns by ctx's deadline), before its next acquisition or Close goes
-// ahead.
+// whether it did; someone else holding it is not an error. Within a TTL of
+// a reconnect of the client it reports false without trying. Errors:
+//   - [ErrNotALock]: the key will never be released to this Lock (TryLock
+//     reads the key when it finds it held);
+//   - a *sskv.ServiceError (e.g. sskv.ErrTimestampSkew): the store refused;
+//     nothing was acquired;
+//   - anything else (a timeout, a lost connection): the outcome is unknown;
+//     the Lock holds nothing, and deletes the key if it took it, in the
+//     background, before its next acquisition or Close goes ahead.
 func (l *Lock) TryLock(ctx context.Context) (bool, error) {
 	ok, err := l.tryLock(ctx, hlc.Timestamp{})
 	if ok || err != nil {
@@ -184,39 +180,19 @@ func (l *Lock) tryLock(ctx context.Context, ft hlc.Timestamp) (bool, error) {
 // holds it. When it returns nil, this Lock holds the key, with at least
 // RenewDeadline before it could be lost.
 //
-// A free lock costs one request. Otherwise the Lock joins the lock's queue,
-// which the holder keeps, and sleeps on its own inbox key (KEYNOTIFY) until
-// its turn: the holder hands the lock to it at its release, or (when the
-// Lock is one of the two waiters that watch the key) the key expires with
-// nobody to hand it over. It sends no request while the holder
-// keeps renewing. Waiters are served in the order they came, and a Lock
-// call is overtaken about 2N times at most with N other waiters (see the package
-// documentation; Config.Race turns the queue off). After a reconnect, or if
-// notifications were lost, it checks again at once, and as a safeguard it
-// checks after 10 TTLs without news.
+// A free lock costs one request. Otherwise the Lock waits its turn in the
+// queue (or races, with Config.Race), sending no request while the holder
+// renews; it checks again at once after a reconnect or lost notifications,
+// and after 10 TTLs without news. The order, and the TTL it holds off after
+// a reconnect, are in the package documentation.
 //
-// A waiter never takes a key that someone may still believe they hold.
-// The store may have restarted, and lost the key, while the client was
-// disconnected, and the key's holder, cut off, still counts on it until its
-// renew deadline: so no acquisition goes out within a TTL, on this process's
-// clock, of a reconnect of the client (whatever this Lock, or another Lock
-// of the process, saw before it), nor within a TTL of a Resync of the
-// waiter's watch that finds missing a key it had seen held. After a store
-// restart that lost the key, the lock is taken again about a TTL later.
-// Otherwise a release or an expiry the waiter sees (a DELETE notification)
-// is taken at once.
-//
-// If ctx ends first, Lock returns ctx's error (wrapped) and holds nothing:
-// if its last attempt had an unknown outcome, it deletes the key if it took
-// it, as TryLock does. Close ends a wait in progress: Lock then returns an
-// error wrapping ErrClosed. A request the store refuses (a
-// *sskv.ServiceError, e.g. sskv.ErrTimestampSkew: this client's clock is
-// more than a minute ahead of the store's) ends Lock at once with that
-// error: the same request would be refused again. So does a key that will
-// never be released to this Lock, with an error wrapping [ErrNotALock]: a
-// Semaphore's record, a lock's record of the other FenceKey setting (an
-// election's, say), or a value no lock writes. Timeouts and lost
-// connections are retried.
+// Timeouts and lost connections are retried. Errors, with nothing held:
+//   - ctx's error (wrapped) if ctx ends first; an attempt whose outcome is
+//     unknown is undone as TryLock does;
+//   - [ErrClosed] if Close ends the wait;
+//   - a *sskv.ServiceError (e.g. sskv.ErrTimestampSkew: this client's clock
+//     is more than a minute ahead of the store's): it would be refused again;
+//   - [ErrNotALock]: the key will never be released to this Lock.
 func (l *Lock) Lock(ctx context.Context) error {
 	ctx = l.bind(ctx)
 	defer l.unbind(ctx)
@@ -360,20 +336,12 @@ func (l *Lock) closedErr(ctx context.Context, err error) error {
 
 // Unlock releases the lock: it stops the renewals, ends the holding (Done
 // closes; Err is ErrReleased) and deletes the key if it still holds this
-// Lock's HolderID (VDEL), so the next holder need not wait for the TTL. It
-// never deletes a key held by someone else. Call it only once the work the
-// lock guarded has returned.
-//
-// Unlock of a lock that was lost still deletes the key if it is still this
-// holder's, and returns nil. Unlock of a Lock that never acquired the lock,
-// or already released it, returns an error wrapping ErrNotHeld. An error
-// from the store means the outcome of the delete is unknown; the key then
-// expires after at most TTL.
-//
-// Unlock does not wait for a store that is away: when the client's
-// connection is lost (before the delete or while it is in flight), it
-// returns at once with an error wrapping ErrNotReleased. The holding ends
-// either way.
+// Lock's HolderID (VDEL), never someone else's. Call it only once the work
+// the lock guarded has returned. Unlock of a lost lock does the same and
+// returns nil; of a Lock not holding, an error wrapping [ErrNotHeld]. With
+// the connection lost it returns at once, wrapping [ErrNotReleased]; an
+// error from the store leaves the delete's outcome unknown. Either way the
+// holding has ended, and a key left behind expires within its TTL.
 func (l *Lock) Unlock(ctx context.Context) error {
 	if err := l.begin(ctx); err != nil {
 		return err
@@ -427,11 +395,9 @@ func (l *Lock) Context() context.Context { return l.holding().ctx }
 func (l *Lock) Err() error { return l.holding().err() }
 
 // Token returns the fencing token of the current holding: the version the
-// store gave the key when this Lock acquired it. Renewals do not change it,
-// so every write of one holding carries the same token, and a holder's
-// earlier fenced writes never make its later ones fail; the next holder's
-// token is always greater. It is zero before the first acquisition, and
-// stays readable after the holding ended (see FencingToken for writes).
+// store gave the key when this Lock acquired it, kept by renewals, and less
+// than the next holder's. Zero before the first acquisition; still readable
+// after the holding ended (use FencingToken for writes).
 func (l *Lock) Token() hlc.Timestamp { return l.holding().token }
 
 // FencingToken returns the token to fence a write with, or an error if the
@@ -447,14 +413,12 @@ func (l *Lock) FencingToken() (hlc.Timestamp, error) {
 	return h.token, nil
 }
 
-// FencingConn is FencingToken, with the connection to send the fenced write
-// on: the one on which the holding last saw its key. After a reconnect (or
-// when its watch lost track of the key) it first confirms the key with a
-// read, waiting as long as ctx allows, and returns an error if the holding
-// ended meanwhile: so a write sent on the connection never crosses an outage
-// the holding has not checked (a store restart that lost the key and let
-// another holder in, say). A write sent on it after that connection is
-// lost fails with sskv.ErrNotSent. Package fenced calls it for every write.
+// FencingConn is FencingToken with the connection to send the fenced write
+// on: the one on which the holding last saw its key. After a reconnect or a
+// Resync it first confirms the key with a read (waiting as long as ctx
+// allows), and returns an error if the holding ended meanwhile. A write
+// sent after that connection is lost fails with sskv.ErrNotSent. Package
+// fenced calls it for every write.
 func (l *Lock) FencingConn(ctx context.Context) (hlc.Timestamp, *sskv.Conn, error) {
 	h := l.holding()
 	if err := h.check(); err != nil {
@@ -479,17 +443,12 @@ func (l *Lock) Fenced(token hlc.Timestamp, err error) {
 }
 
 // SetValue changes the value this Lock publishes in its key (Config.Value)
-// while it holds the lock, without releasing it: one SET, fenced with the
-// holding's token, which also renews the lease. It needs Config.FenceKey.
-// The fence makes it safe: if another holder has taken over, the store
-// refuses the write and the holding ends as lost (ErrHeldByOther).
-//
-// It returns an error wrapping ErrNotHeld (or why the holding ended) if the
-// Lock does not hold the lock. An error wrapping sskv.ErrTooLarge means
-// the value does not fit in a request the broker takes: nothing was sent,
-// and the Lock goes on with its earlier value. Any other error means the
-// outcome is unknown; the Lock then writes the new value with its next
-// renewal.
+// while it holds the lock: one SET fenced with the holding's token, which
+// also renews the lease. It needs Config.FenceKey. If another holder has
+// taken over, the store refuses it and the holding ends (ErrHeldByOther).
+// Errors: [ErrNotHeld] (or why the holding ended) when not holding;
+// sskv.ErrTooLarge, with nothing sent and the earlier value kept; anything
+// else leaves the outcome unknown, and the next renewal writes the value.
 func (l *Lock) SetValue(ctx context.Context, value []byte) error {
 	if !l.cfg.FenceKey {
 		return l.wrap("set value", configErr("SetValue needs Config.FenceKey"))
@@ -519,15 +478,10 @@ func (l *Lock) SetValue(ctx context.Context, value []byte) error {
 	return nil
 }
 
-// Holder reads who holds the lock now (GET). It works whether or not this
-// Lock holds it.
-//
-// It reads the key as it is. A SetValue of a holding that has ended, held
-// on a frozen connection and reaching the store late, can land on the key
-// between the two writes of the next holder's acquisition (with FenceKey)
-// and sit there until the next holder's token replaces it: for that
-// moment, Holder returns the ended holding. Exclusion does not depend on
-// it: the next holder's fenced write still wins the key.
+// Holder reads who holds the lock now (GET), whether or not this Lock holds
+// it. It reads the key as it is: for a moment during a FenceKey
+// acquisition, a late SetValue of an ended holding can show that holding
+// (exclusion does not depend on it).
 func (l *Lock) Holder(ctx context.Context) (Holder, error) {
 	res, err := l.c.Get(ctx, l.cfg.Name)
 	if err != nil {

@@ -12,17 +12,15 @@ import (
 type Holder struct {
 	// ID is the holder's HolderID; empty when the lock is free.
 	ID string
-	// Token is the holder's fencing token, when the lock's key records it
-	// (Config.FenceKey); zero otherwise, and zero for a holder that has
-	// taken the key but not yet recorded its token (its acquisition is
-	// under way, and it does not hold the lock yet).
+	// Token is the holder's fencing token when the key records it
+	// (Config.FenceKey); zero otherwise, or while an acquisition is under
+	// way (the key taken, the token not yet recorded).
 	Token hlc.Timestamp
 	// Value is the value the holder publishes (Config.Value and
 	// Lock.SetValue); nil without FenceKey.
 	Value []byte
-	// Version is the key's version: that of the holder's latest write
-	// (acquisition, renewal or SetValue), at or after its fencing token.
-	// Zero when the lock is free.
+	// Version is the key's version (the holder's latest write); zero when
+	// the lock is free.
 	Version hlc.Timestamp
 }
 
@@ -34,11 +32,8 @@ func (h Holder) Held() bool { return h.ID != "" || !h.Version.IsZero() }
 //
 //	HolderID "\n" token "\n" Value
 //
-// with the token written by the second SET of an acquisition: the SET that
-// takes the key (the store gives the token in its answer) writes "~" and a
-// nonce of the Lock's in its place, so that no two Locks' acquisitions
-// under way ever write the same record, even with the same HolderID. Any
-// other value is a HolderID alone. A nil value is a free lock.
+// where an acquisition under way writes "~" and a nonce in place of the
+// token. Any other value is a HolderID alone. A nil value is a free lock.
 func ParseHolder(value []byte, version hlc.Timestamp) Holder {
 	if value == nil {
 		return Holder{}

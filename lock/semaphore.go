@@ -25,12 +25,10 @@ type SemaphoreConfig struct {
 	// participant uses the same Name.
 	Name string
 
-	// Limit is how many may hold the semaphore at once. The first
-	// participant to find no record writes it (SET NX, no expiry); the
-	// record rules from then on, and a participant whose Limit differs from
-	// it cannot acquire (ErrLimitMismatch). Zero: take the record's (an
-	// acquisition fails with ErrNoLimit if there is none). At most 1000: an
-	// acquisition that finds the slots held tries each of them.
+	// Limit is how many may hold the semaphore at once, at most 1000. The
+	// first participant to find no record writes it (SET NX, no expiry);
+	// the record rules from then on (else ErrLimitMismatch). Zero: take
+	// the record's (ErrNoLimit if there is none).
 	Limit int
 
 	// HolderID identifies this participant: it is the holder id of each slot
@@ -81,16 +79,12 @@ func parseSemaphoreRecord(v []byte) (int, bool) {
 // [Semaphore.Acquire]; release with [Semaphore.Release]. It holds at most
 // one slot at a time.
 //
-// Each slot is a key held by a Lock (Config.FenceKey set), so leases,
-// renewals, the renew deadline, fencing and release are exactly a Lock's:
-// Done, Context, Err, Token, FencingToken, FencingConn and Fenced refer to
-// the current (or latest) holding of a slot, as the same methods of Lock do,
-// and a Semaphore is a fenced.ConnSource. Its methods are safe for
-// concurrent use; acquisitions and releases take turns.
-//
-// The names follow golang.org/x/sync/semaphore and Consul's api.Semaphore
-// (Acquire, TryAcquire, Release) rather than Lock's: a semaphore is not
-// "locked", and Lock/Unlock would suggest one holder.
+// Each slot is a key held by a FenceKey Lock, so leases, renewals, fencing
+// and release are a Lock's: Done, Context, Err, Token, FencingToken,
+// FencingConn and Fenced refer to the current (or latest) holding, and a
+// Semaphore is a fenced.ConnSource. Its methods are safe for concurrent
+// use. Slots pass to waiters through the holder of slot 0: while it is
+// paused, a freed slot stays free until it wakes or its lease ends.
 type Semaphore struct {
 	c    *sskv.Client
 	cfg  SemaphoreConfig
@@ -217,17 +211,12 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (bool, error) {
 // while Limit others hold it. When it returns nil, this participant holds
 // one slot (Slot), with at least RenewDeadline before it could be lost.
 //
-// It reads the record (one GET; creating it with SET NX if missing and
-// Config.Limit is set). A participant that has neither held nor waited
-// within a TTL then tries the slots with TryLock, from a random one: one
-// request per held slot tried, and the two requests of a FenceKey
-// acquisition for the slot taken. Otherwise, or if every slot is held, it
-// waits in the semaphore's queue, first come first served whichever slot
-// is released: no request while the holders renew, and a slot handed to
-// it, reserved, when its turn comes. A participant that just released
-// goes to the back of the queue rather than take the slot it freed. See
-// the package documentation for the bound on overtaking, and how it was
-// measured.
+// It reads the record (creating it if missing and Config.Limit is set). A
+// participant that has neither held nor waited within a TTL then tries
+// each slot once, from a random one; otherwise, or if all are held, it
+// waits in the semaphore's queue, first come first served, sending nothing
+// while the holders renew. A participant that just released goes to the
+// back of the queue rather than take the slot it freed.
 //
 // Errors are those of Lock.Lock, and ErrLimitMismatch or ErrNoLimit from
 // the record. ctx ending, or Close, ends the wait with nothing held.
