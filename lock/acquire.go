@@ -7,13 +7,10 @@ import (
 	"github.com/dsslock/dsslock/sskv"
 )
 
-// Acquire is [New] and [Lock.Lock] in one call: it waits until it holds the
-// lock on cfg.Name and returns the Lock that holds it, with everything Lock
-// promises. With Config.Race it keeps no Lock while it waits (about 1.0 KB
-// per waiter, against 1.25 KB): package leader's Campaign uses it. Without
-// Config.HolderID, the Lock returned has the default HolderID its
-// acquisition wrote. Its errors are Lock's, and [ErrConfig] for an invalid
-// cfg; on an error it holds nothing.
+// Acquire is [New] and [Lock.Lock] in one call, with their promises and
+// errors; with Config.Race it keeps no Lock while it waits (about 1.0 KB per
+// waiter, against 1.25 KB). Without Config.HolderID, the Lock returned has
+// the default HolderID its acquisition wrote.
 func Acquire(ctx context.Context, c *sskv.Client, cfg Config) (*Lock, error) {
 	if !cfg.Race {
 		l, err := New(c, cfg)

@@ -19,12 +19,9 @@ import (
 // Lock is one holder of a lease on a key of the state store. Create it with
 // [New]; acquire with [Lock.TryLock] or [Lock.Lock]; release with
 // [Lock.Unlock]. While it holds the key, it renews the lease by itself, and
-// [Lock.Done] closes (and [Lock.Context] is cancelled) as soon as it can no
-// longer be sure to hold it.
-//
-// A Lock may be acquired again after it was released or lost; Done, Context,
-// Err and Token then refer to the new holding. Its methods are safe for
-// concurrent use; acquisitions and releases of one Lock take turns.
+// [Lock.Done] closes as soon as it can no longer be sure to hold it. It may
+// be acquired again after a release or a loss; its methods are safe for
+// concurrent use.
 type Lock struct {
 	c   *sskv.Client
 	cfg Config
@@ -74,9 +71,8 @@ type undoDel struct {
 	ft  hlc.Timestamp
 }
 
-// New returns a Lock on cfg.Name that acquires it through c. It sends
-// nothing: the Lock is not held until TryLock or Lock succeeds. An invalid
-// cfg gives an error wrapping [ErrConfig].
+// New returns a Lock on cfg.Name that acquires it through c; it sends
+// nothing. An invalid cfg gives an error wrapping [ErrConfig].
 func New(c *sskv.Client, cfg Config) (*Lock, error) {
 	if c == nil {
 		return nil, configErr("nil sskv.Client")
@@ -116,10 +112,8 @@ func (l *Lock) Config() Config { return l.cfg }
 // TryLock makes one attempt to acquire the lock (SET NEX PX) and reports
 // whether it did; someone else holding it is not an error. Within a TTL of
 // a reconnect of the client it reports false without trying. Errors:
-//   - [ErrNotALock]: the key will never be released to this Lock (TryLock
-//     reads the key when it finds it held);
+//   - [ErrNotALock]: the key (read when found held) will never be released;
 //   - a *sskv.ServiceError (e.g. sskv.ErrTimestampSkew): the store refused;
-//     nothing was acquired;
 //   - anything else (a timeout, a lost connection): the outcome is unknown;
 //     the Lock holds nothing, and deletes the key if it took it, in the
 //     background, before its next acquisition or Close goes ahead.
@@ -176,15 +170,10 @@ func (l *Lock) tryLock(ctx context.Context, ft hlc.Timestamp) (bool, error) {
 	return ok, nil
 }
 
-// Lock acquires the lock, waiting as long as ctx allows while someone else
-// holds it. When it returns nil, this Lock holds the key, with at least
+// Lock acquires the lock, waiting on notifications as long as ctx allows
+// while someone else holds it (see the package documentation for the
+// order). When it returns nil, this Lock holds the key, with at least
 // RenewDeadline before it could be lost.
-//
-// A free lock costs one request. Otherwise the Lock waits its turn in the
-// queue (or races, with Config.Race), sending no request while the holder
-// renews; it checks again at once after a reconnect or lost notifications,
-// and after 10 TTLs without news. The order, and the TTL it holds off after
-// a reconnect, are in the package documentation.
 //
 // Timeouts and lost connections are retried. Errors, with nothing held:
 //   - ctx's error (wrapped) if ctx ends first; an attempt whose outcome is
@@ -334,14 +323,12 @@ func (l *Lock) closedErr(ctx context.Context, err error) error {
 	return err
 }
 
-// Unlock releases the lock: it stops the renewals, ends the holding (Done
-// closes; Err is ErrReleased) and deletes the key if it still holds this
-// Lock's HolderID (VDEL), never someone else's. Call it only once the work
-// the lock guarded has returned. Unlock of a lost lock does the same and
-// returns nil; of a Lock not holding, an error wrapping [ErrNotHeld]. With
-// the connection lost it returns at once, wrapping [ErrNotReleased]; an
-// error from the store leaves the delete's outcome unknown. Either way the
-// holding has ended, and a key left behind expires within its TTL.
+// Unlock ends the holding (Err is ErrReleased) and deletes the key if it
+// still holds this Lock's HolderID (VDEL). Call it once the guarded work
+// has returned. Of a lost lock it does the same and returns nil; of a Lock
+// not holding, [ErrNotHeld]. With the connection lost it returns at once
+// ([ErrNotReleased]); a store error leaves the delete's outcome unknown. A
+// key left behind expires within its TTL.
 func (l *Lock) Unlock(ctx context.Context) error {
 	if err := l.begin(ctx); err != nil {
 		return err
@@ -350,9 +337,8 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	return l.release(ctx)
 }
 
-// Close releases the lock if it holds it (as Unlock, bounded by ctx) and
-// makes every later call fail with ErrClosed. A Lock or TryLock in progress
-// ends at once, with an error wrapping ErrClosed. It is idempotent.
+// Close releases the lock if held (as Unlock) and ends a Lock or TryLock in
+// progress; later calls fail with [ErrClosed]. It is idempotent.
 func (l *Lock) Close(ctx context.Context) error {
 	l.endCalls()
 	if err := l.begin(ctx); err != nil {
@@ -394,17 +380,13 @@ func (l *Lock) Context() context.Context { return l.holding().ctx }
 // ErrNotHeld before the first acquisition.
 func (l *Lock) Err() error { return l.holding().err() }
 
-// Token returns the fencing token of the current holding: the version the
-// store gave the key when this Lock acquired it, kept by renewals, and less
-// than the next holder's. Zero before the first acquisition; still readable
-// after the holding ended (use FencingToken for writes).
+// Token returns the fencing token of the current holding (zero before the
+// first), still readable after it ended; use FencingToken for writes.
 func (l *Lock) Token() hlc.Timestamp { return l.holding().token }
 
 // FencingToken returns the token to fence a write with, or an error if the
-// lock is not held now. It checks the renew deadline on the monotonic clock
-// itself, so a process that was paused past it learns that the lock is lost
-// here, before any write, even if the timer that ends the holding has not
-// run yet. Package fenced calls it for every write.
+// lock is not held now, checking the renew deadline itself: a process
+// paused past it learns here, before any write, that the lock is lost.
 func (l *Lock) FencingToken() (hlc.Timestamp, error) {
 	h := l.holding()
 	if err := h.check(); err != nil {
@@ -413,12 +395,10 @@ func (l *Lock) FencingToken() (hlc.Timestamp, error) {
 	return h.token, nil
 }
 
-// FencingConn is FencingToken with the connection to send the fenced write
-// on: the one on which the holding last saw its key. After a reconnect or a
-// Resync it first confirms the key with a read (waiting as long as ctx
-// allows), and returns an error if the holding ended meanwhile. A write
-// sent after that connection is lost fails with sskv.ErrNotSent. Package
-// fenced calls it for every write.
+// FencingConn is FencingToken with the connection on which the holding
+// last saw its key. After a reconnect or a Resync it first confirms the key
+// with a read, and fails if the holding ended. A write sent after that
+// connection is lost fails with sskv.ErrNotSent.
 func (l *Lock) FencingConn(ctx context.Context) (hlc.Timestamp, *sskv.Conn, error) {
 	h := l.holding()
 	if err := h.check(); err != nil {
@@ -431,11 +411,9 @@ func (l *Lock) FencingConn(ctx context.Context) (hlc.Timestamp, *sskv.Conn, erro
 	return h.token, cn, nil
 }
 
-// Fenced tells the Lock that a write fenced with token was refused because
-// a newer token protects the key: someone else has taken over. If token is
-// that of the current holding, the holding ends at once as lost, with
-// reason ErrFenced; a refused write of an earlier holding changes nothing.
-// Package fenced calls it; err is the store's refusal.
+// Fenced tells the Lock that a write fenced with token was refused (err)
+// for a newer token. If token is the current holding's, the holding ends
+// as lost ([ErrFenced]); an earlier holding's changes nothing.
 func (l *Lock) Fenced(token hlc.Timestamp, err error) {
 	if h := l.holding(); h.token == token {
 		h.lose(fmt.Errorf("%w: %w", ErrFenced, err))
@@ -478,10 +456,8 @@ func (l *Lock) SetValue(ctx context.Context, value []byte) error {
 	return nil
 }
 
-// Holder reads who holds the lock now (GET), whether or not this Lock holds
-// it. It reads the key as it is: for a moment during a FenceKey
-// acquisition, a late SetValue of an ended holding can show that holding
-// (exclusion does not depend on it).
+// Holder reads who holds the lock now (GET). For a moment during a FenceKey
+// acquisition, a late SetValue of an ended holding can show that holding.
 func (l *Lock) Holder(ctx context.Context) (Holder, error) {
 	res, err := l.c.Get(ctx, l.cfg.Name)
 	if err != nil {

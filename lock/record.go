@@ -12,28 +12,20 @@ import (
 type Holder struct {
 	// ID is the holder's HolderID; empty when the lock is free.
 	ID string
-	// Token is the holder's fencing token when the key records it
-	// (Config.FenceKey); zero otherwise, or while an acquisition is under
-	// way (the key taken, the token not yet recorded).
-	Token hlc.Timestamp
-	// Value is the value the holder publishes (Config.Value and
-	// Lock.SetValue); nil without FenceKey.
-	Value []byte
-	// Version is the key's version (the holder's latest write); zero when
-	// the lock is free.
-	Version hlc.Timestamp
+	// Token is the holder's fencing token (with FenceKey; zero without, and
+	// while an acquisition is under way).
+	Token   hlc.Timestamp
+	Value   []byte        // what the holder publishes; nil without FenceKey
+	Version hlc.Timestamp // the key's version; zero when the lock is free
 }
 
 // Held reports whether anyone holds the lock.
 func (h Holder) Held() bool { return h.ID != "" || !h.Version.IsZero() }
 
-// ParseHolder reads the value and version of a lock's key (from a GET or a
-// KEYNOTIFY event) as a Holder. A key written with Config.FenceKey holds
-//
-//	HolderID "\n" token "\n" Value
-//
-// where an acquisition under way writes "~" and a nonce in place of the
-// token. Any other value is a HolderID alone. A nil value is a free lock.
+// ParseHolder reads the value and version of a lock's key as a Holder. A
+// key written with Config.FenceKey holds HolderID "\n" token "\n" Value (an
+// acquisition under way writes "~" and a nonce in place of the token); any
+// other value is a HolderID alone, and nil a free lock.
 func ParseHolder(value []byte, version hlc.Timestamp) Holder {
 	if value == nil {
 		return Holder{}
