@@ -44,7 +44,7 @@
 // for: [MsgNotQoS1], [MsgNoCorrelation], [MsgClockAhead],
 // [MsgResponseTooLarge] and [MsgPersistFailed].
 //
-// # Guarantees for a slow or hostile client
+// # Slow clients and other limits
 //
 // The store never does network I/O, or waits on a client, while it holds
 // its state lock, so no client can stop it, and what it holds for a client
