@@ -41,8 +41,8 @@ const maxMaxMembers = 1024
 // election at any moment, and each term's token fences its writes. The
 // group only decides who campaigns: every member computes the same
 // [Assignment] from the live members and the elections, and campaigns only
-// in the elections assigned to it. See "Groups: many elections" in the
-// package documentation.
+// in the elections assigned to it. docs/design/leader.md, "Groups: many
+// elections", describes how.
 type Group struct {
 	c          *sskv.Client
 	name       string

@@ -17,85 +17,40 @@ const (
 )
 
 // Config configures a [Lock]. Only Name is required. TTL, RenewInterval and
-// RenewDeadline must satisfy
+// RenewDeadline are whole milliseconds with
 //
 //	0 < RenewInterval < RenewDeadline < TTL
 //
-// and each is a whole number of milliseconds (the state store's resolution).
-// Zero fields take their defaults: TTL 10 s, RenewInterval TTL/3,
-// RenewDeadline 2/3 TTL.
+// and default to 10 s, TTL/3 and 2/3 TTL.
 type Config struct {
-	// Name is the key that holds the lock. Every holder of the lock uses the
-	// same Name; it must not be empty.
-	Name string
-
-	// HolderID identifies this holder: it is the value of the key while this
-	// Lock holds it, and what [Lock.Holder] reports to others. Two Locks must
-	// never share a HolderID: a renewal or an Unlock of one would act for the
-	// other. Default: the sskv client id, "/" and 16 random hex digits.
+	Name string // the key that holds the lock; not empty
+	// HolderID is the key's value while this Lock holds it; never shared
+	// by two Locks. Default: the sskv client id, "/", 16 random hex digits.
 	HolderID string
-
 	// TTL is the lease: how long the key lives after each acquisition or
-	// renewal if the holder stops renewing (PX). Another holder can take the
-	// lock that long after this one's last successful renewal.
+	// renewal (PX) if the holder stops renewing.
 	TTL time.Duration
-
-	// RenewInterval is how long after each successful renewal the next
-	// renewal is sent, plus up to a tenth at random (less where
-	// RenewDeadline is close behind); the first one falls
-	// at random in its second half, so that locks taken together do not
-	// renew together; renewals due within a thirtieth of it (at most
-	// 100 ms) go out together. A failed renewal is retried sooner, with a
-	// short jittered backoff, until RenewDeadline.
+	// RenewInterval is the time from a successful renewal to the next, with
+	// jitter; a failed renewal is retried sooner, until RenewDeadline.
 	RenewInterval time.Duration
-
 	// RenewDeadline is how long after sending the last successful renewal
-	// the holder gives up: the lock is then lost (ErrRenewDeadline), on the
-	// holder's own monotonic clock, while the store still holds the key for
-	// at least TTL-RenewDeadline more. That margin is the time the holder's
-	// work has to notice Done and stop before anyone else can take over, and
-	// it must also cover the clock rate difference between holder and store.
-	// It also bounds the wait for the answer to an acquisition, which could
-	// promise nothing later: one whose answer was lost is tried again then.
-	// With FenceKey an acquisition is two round trips, both within
-	// RenewDeadline: over a path slower than half of it, nothing is
-	// acquired (TryLock reports false; Lock keeps trying until ctx ends).
+	// the holder gives up (ErrRenewDeadline), and bounds the wait for an
+	// acquisition's answers: over a path slower than half of it, a FenceKey
+	// acquisition (two round trips) never succeeds.
 	RenewDeadline time.Duration
-
-	// FenceKey makes each holding fence the lock's own key with its token,
-	// and record the token and Value in the key beside HolderID. Then
-	// [Lock.Holder] reports the holder's token and value (not only who holds
-	// it), and [Lock.SetValue] can change the value while holding, safely:
-	// once the key is fenced, no request of an earlier holding can change or
-	// delete it. An acquisition then costs two requests: the SET NEX PX that
-	// takes the key and the fenced SET that records the token. Every holder
-	// of a lock must use the same FenceKey setting: a lock that finds the
-	// other setting's record on its key fails with ErrNotALock. Package
-	// leader sets it.
+	// FenceKey makes each holding fence its own key with its token and
+	// record the token and Value in it ([Lock.Holder], [Lock.SetValue]).
+	// An acquisition costs two requests. All holders of a lock must agree
+	// on it (else ErrNotALock). Package leader sets it.
 	FenceKey bool
-
-	// Race makes Lock's waiters race for the lock each time it is released,
-	// as the SDK's waiters do, instead of queueing: a waiter then watches
-	// only the lock's key, and the winner of each release is whoever's SET
-	// reaches the store first. It suits a few waiters that need no order
-	// (package leader sets it: an election's candidates). Without it,
-	// waiters queue in the order they came (see Lock.Lock), at the cost of
-	// a second key, Name + "\x00queue", that every waiter watches.
-	Race bool
-
-	// Value is published with the holding when FenceKey is set (an address,
-	// say); it may be empty. Setting it without FenceKey is an error.
-	Value []byte
-
-	// OnRenewal, if set, is called after every renewal the Lock sends (not
-	// the acquisition) with how long it took and its error, if any: a hook for
-	// metrics. The calls are made in order, on a goroutine of their own and
-	// never on the renewer, so OnRenewal may call any method of the Lock
-	// (giving the lock up after a failed renewal with Unlock, say); a call
-	// that blocks delays the next ones, not the renewals. A call queued
-	// before Unlock or Close may run after it has returned.
+	// Race makes waiters race for each release, as the SDK's do, instead
+	// of queueing in the order they came. Package leader sets it.
+	Race  bool
+	Value []byte // published with the holding; needs FenceKey
+	// OnRenewal, if set, is called after every renewal with its latency
+	// and error, in order, on a goroutine of its own: it may call any
+	// method of the Lock, and may run after Unlock or Close has returned.
 	OnRenewal func(latency time.Duration, err error)
-
 	// Logger receives the lock's logs (acquired, lost, released at Info;
 	// failed renewals at Debug). Default: discarded.
 	Logger *slog.Logger

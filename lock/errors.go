@@ -5,90 +5,58 @@ import "errors"
 // Errors of package lock. Test for them with errors.Is: the error of a lost
 // lock wraps ErrLost and the sentinel of its reason.
 var (
-	// ErrLost is wrapped by [Lock.Err] when the lock was lost: the holder can
-	// no longer be sure that it holds the key. The error also wraps the
-	// reason: ErrRenewDeadline, ErrHeldByOther, ErrKeyLost, ErrFenced or
-	// ErrClosed.
+	// ErrLost is wrapped by [Lock.Err] when the holder can no longer be sure
+	// it holds the key, with the reason: ErrRenewDeadline, ErrHeldByOther,
+	// ErrKeyLost, ErrFenced or ErrClosed.
 	ErrLost = errors.New("lock: lost")
-
-	// ErrRenewDeadline: no renewal succeeded within Config.RenewDeadline of
-	// the last successful one being sent (a paused process, a lost or slow
-	// connection, an overloaded store). The error also carries the last
-	// renewal error, if any.
+	// ErrRenewDeadline: no renewal succeeded within Config.RenewDeadline
+	// (a paused process, a lost or slow connection, an overloaded store).
+	// The error also carries the last renewal error, if any.
 	ErrRenewDeadline = errors.New("lock: renew deadline passed")
-
-	// ErrHeldByOther: the key holds another holder's record, or a newer
-	// token fences it: the lease expired (or the key vanished) and someone
-	// else took it. Found by a renewal, by the holder's watch of its key
-	// (Config.FenceKey), or by the read that confirms the key after a
-	// reconnect.
+	// ErrHeldByOther: someone else took the key (another record, or a newer
+	// token), found by a renewal, the watch (FenceKey) or a reconnect's read.
 	ErrHeldByOther = errors.New("lock: held by another holder")
-
-	// ErrKeyLost: the key vanished, or changed, behind the holder's back,
-	// so that the holding cannot be sure it was continuous: it was deleted
-	// (by hand, or lost in a store restart), or it holds this holder's
-	// record at a version this holder never wrote (a late request of its
-	// own re-created it, possibly after another holder came and went;
-	// Unlock deletes that record). Found by the holder's watch of its key
-	// (Config.FenceKey), or by the read that confirms the key after a
-	// reconnect, before anything more is written.
+	// ErrKeyLost: the key was deleted (by hand, or in a store restart) or
+	// holds this holder's record at a version it never wrote (a late request
+	// of its own, which Unlock deletes): found by the watch (FenceKey) or a
+	// reconnect's read, before anything more is written.
 	ErrKeyLost = errors.New("lock: the key changed behind the holder's back")
-
-	// ErrFenced: a write fenced with the lock's token was refused because a
-	// newer token protects the key: another holder has taken over (reported
-	// through [Lock.Fenced]).
+	// ErrFenced: a write fenced with the lock's token was refused for a
+	// newer token: another holder has taken over (see [Lock.Fenced]).
 	ErrFenced = errors.New("lock: a newer fencing token protects a key")
-
 	// ErrReleased is [Lock.Err] after Unlock or Close released the lock.
 	ErrReleased = errors.New("lock: released")
-
-	// ErrNotHeld is [Lock.Err] before the first acquisition, and the error of
-	// a call that needs the lock held when it is not.
+	// ErrNotHeld is [Lock.Err] before the first acquisition, and the error
+	// of a call that needs the lock held when it is not.
 	ErrNotHeld = errors.New("lock: not held")
-
 	// ErrNotReleased is wrapped by the error of an Unlock (or Close) that
-	// could not delete the key because the client's connection to the store
-	// was lost: the store was away when Unlock began, or the connection was
-	// lost while the delete was in flight. Unlock does not wait for the
-	// store to come back: the holding has ended all the same, and the key,
-	// if the delete did not reach it, expires within its TTL.
+	// could not delete the key because the connection to the store was
+	// lost, before or during the delete. The holding has ended all the
+	// same; a key the delete did not reach expires within its TTL.
 	ErrNotReleased = errors.New("lock: not released: the connection to the store was lost")
-
-	// ErrAlreadyHeld is returned by Lock and TryLock on a Lock that holds its
-	// key already: a Lock is one holder, not a counting lock.
+	// ErrAlreadyHeld: Lock or TryLock on a Lock that holds its key already.
 	ErrAlreadyHeld = errors.New("lock: already held by this Lock")
-
-	// ErrClosed is returned by calls on a closed Lock, and is the reason of a
-	// lock lost because its Lock or its sskv.Client was closed.
+	// ErrClosed: a call on a closed Lock, or the reason of a lock lost
+	// because its Lock or its sskv.Client was closed.
 	ErrClosed = errors.New("lock: closed")
-
 	// ErrConfig is wrapped by every error about an invalid [Config].
 	ErrConfig = errors.New("lock: invalid config")
-
-	// ErrNotALock is wrapped by the error of Lock, TryLock and Acquire (and
-	// so of leader.Campaign) when the key holds something that will never
-	// be released to this lock, so that waiting would last forever: a
-	// Semaphore's record (it never expires: the name is a Semaphore's); the
-	// record of a lock with the other FenceKey setting (an election's, under
-	// a Lock without FenceKey; or, under a FenceKey lock, a HolderID alone,
-	// such as the record of the Azure IoT Operations SDK's leased lock,
-	// which a FenceKey lock cannot share a key with); or a value that no
-	// lock writes. The error says what the key holds. Nothing was acquired,
-	// and the key was left as it was.
+	// ErrNotALock: Lock, TryLock or Acquire (or leader.Campaign) found the
+	// key holding what will never be released to it, and acquired nothing:
+	// a Semaphore's record, a record of the other FenceKey setting (an
+	// election's; under FenceKey, the SDK's leased lock's), or a value no
+	// lock writes. A name set by hand without expiry is waited for.
 	ErrNotALock = errors.New("lock: not a lock")
 )
 
 // Errors of a [Semaphore].
 var (
-	// ErrLimitMismatch is wrapped by the error of an acquisition whose
-	// SemaphoreConfig.Limit differs from the limit in the semaphore's
-	// record (the error names both), or whose record key holds something
-	// else. The record never changes by itself: to change the limit, delete
-	// the record (sskv del NAME) while nobody holds the semaphore.
+	// ErrLimitMismatch: SemaphoreConfig.Limit differs from the semaphore's
+	// record (the error names both), or the record key holds something
+	// else. To change the limit, delete the record (sskv del NAME) while
+	// nobody holds the semaphore.
 	ErrLimitMismatch = errors.New("lock: semaphore limit mismatch")
-
-	// ErrNoLimit is wrapped by the error of an acquisition with
-	// SemaphoreConfig.Limit 0 when the semaphore has no record to take the
-	// limit from.
+	// ErrNoLimit: SemaphoreConfig.Limit is 0 and the semaphore has no
+	// record to take the limit from.
 	ErrNoLimit = errors.New("lock: semaphore has no record of its limit, and Limit is 0")
 )

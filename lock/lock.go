@@ -19,12 +19,9 @@ import (
 // Lock is one holder of a lease on a key of the state store. Create it with
 // [New]; acquire with [Lock.TryLock] or [Lock.Lock]; release with
 // [Lock.Unlock]. While it holds the key, it renews the lease by itself, and
-// [Lock.Done] closes (and [Lock.Context] is cancelled) as soon as it can no
-// longer be sure to hold it.
-//
-// A Lock may be acquired again after it was released or lost; Done, Context,
-// Err and Token then refer to the new holding. Its methods are safe for
-// concurrent use; acquisitions and releases of one Lock take turns.
+// [Lock.Done] closes as soon as it can no longer be sure to hold it. It may
+// be acquired again after a release or a loss; its methods are safe for
+// concurrent use.
 type Lock struct {
 	c   *sskv.Client
 	cfg Config
@@ -74,9 +71,8 @@ type undoDel struct {
 	ft  hlc.Timestamp
 }
 
-// New returns a Lock on cfg.Name that acquires it through c. It sends
-// nothing: the Lock is not held until TryLock or Lock succeeds. An invalid
-// cfg gives an error wrapping [ErrConfig].
+// New returns a Lock on cfg.Name that acquires it through c; it sends
+// nothing. An invalid cfg gives an error wrapping [ErrConfig].
 func New(c *sskv.Client, cfg Config) (*Lock, error) {
 	if c == nil {
 		return nil, configErr("nil sskv.Client")
@@ -114,19 +110,13 @@ func (l *Lock) HolderID() string { return l.cfg.HolderID }
 func (l *Lock) Config() Config { return l.cfg }
 
 // TryLock makes one attempt to acquire the lock (SET NEX PX) and reports
-// whether it did. Not acquiring it because someone else holds it is not an
-// error. When it does not acquire it, it reads the key (GET): a key that
-// will never be released to this Lock (a Semaphore's record, an election's
-// under a Lock without FenceKey: see [ErrNotALock]) gives an error wrapping
-// ErrNotALock, not false. Within a TTL of a reconnect of the client it
-// reports false without trying: the key may have vanished with a store
-// restart while its holder still counts on it (see Lock). An error that
-// wraps a *sskv.ServiceError is the store's refusal (e.g.
-// sskv.ErrTimestampSkew): nothing was acquired. Any other error means the
-// outcome is unknown (a timeout, a lost connection): the Lock holds
-// nothing, and deletes the key if it took it, in the background (TryLock
-// returns by ctx's deadline), before its next acquisition or Close goes
-// ahead.
+// whether it did; someone else holding it is not an error. Within a TTL of
+// a reconnect of the client it reports false without trying. Errors:
+//   - [ErrNotALock]: the key (read when found held) will never be released;
+//   - a *sskv.ServiceError (e.g. sskv.ErrTimestampSkew): the store refused;
+//   - anything else (a timeout, a lost connection): the outcome is unknown;
+//     the Lock holds nothing, and deletes the key if it took it, in the
+//     background, before its next acquisition or Close goes ahead.
 func (l *Lock) TryLock(ctx context.Context) (bool, error) {
 	ok, err := l.tryLock(ctx, hlc.Timestamp{})
 	if ok || err != nil {
@@ -180,43 +170,18 @@ func (l *Lock) tryLock(ctx context.Context, ft hlc.Timestamp) (bool, error) {
 	return ok, nil
 }
 
-// Lock acquires the lock, waiting as long as ctx allows while someone else
-// holds it. When it returns nil, this Lock holds the key, with at least
+// Lock acquires the lock, waiting on notifications as long as ctx allows
+// while someone else holds it (see the package documentation for the
+// order). When it returns nil, this Lock holds the key, with at least
 // RenewDeadline before it could be lost.
 //
-// A free lock costs one request. Otherwise the Lock joins the lock's queue,
-// which the holder keeps, and sleeps on its own inbox key (KEYNOTIFY) until
-// its turn: the holder hands the lock to it at its release, or (when the
-// Lock is one of the two waiters that watch the key) the key expires with
-// nobody to hand it over. It sends no request while the holder
-// keeps renewing. Waiters are served in the order they came, and a Lock
-// call is overtaken about 2N times at most with N other waiters (see the package
-// documentation; Config.Race turns the queue off). After a reconnect, or if
-// notifications were lost, it checks again at once, and as a safeguard it
-// checks after 10 TTLs without news.
-//
-// A waiter never takes a key that someone may still believe they hold.
-// The store may have restarted, and lost the key, while the client was
-// disconnected, and the key's holder, cut off, still counts on it until its
-// renew deadline: so no acquisition goes out within a TTL, on this process's
-// clock, of a reconnect of the client (whatever this Lock, or another Lock
-// of the process, saw before it), nor within a TTL of a Resync of the
-// waiter's watch that finds missing a key it had seen held. After a store
-// restart that lost the key, the lock is taken again about a TTL later.
-// Otherwise a release or an expiry the waiter sees (a DELETE notification)
-// is taken at once.
-//
-// If ctx ends first, Lock returns ctx's error (wrapped) and holds nothing:
-// if its last attempt had an unknown outcome, it deletes the key if it took
-// it, as TryLock does. Close ends a wait in progress: Lock then returns an
-// error wrapping ErrClosed. A request the store refuses (a
-// *sskv.ServiceError, e.g. sskv.ErrTimestampSkew: this client's clock is
-// more than a minute ahead of the store's) ends Lock at once with that
-// error: the same request would be refused again. So does a key that will
-// never be released to this Lock, with an error wrapping [ErrNotALock]: a
-// Semaphore's record, a lock's record of the other FenceKey setting (an
-// election's, say), or a value no lock writes. Timeouts and lost
-// connections are retried.
+// Timeouts and lost connections are retried. Errors, with nothing held:
+//   - ctx's error (wrapped) if ctx ends first; an attempt whose outcome is
+//     unknown is undone as TryLock does;
+//   - [ErrClosed] if Close ends the wait;
+//   - a *sskv.ServiceError (e.g. sskv.ErrTimestampSkew: this client's clock
+//     is more than a minute ahead of the store's): it would be refused again;
+//   - [ErrNotALock]: the key will never be released to this Lock.
 func (l *Lock) Lock(ctx context.Context) error {
 	ctx = l.bind(ctx)
 	defer l.unbind(ctx)
@@ -358,22 +323,12 @@ func (l *Lock) closedErr(ctx context.Context, err error) error {
 	return err
 }
 
-// Unlock releases the lock: it stops the renewals, ends the holding (Done
-// closes; Err is ErrReleased) and deletes the key if it still holds this
-// Lock's HolderID (VDEL), so the next holder need not wait for the TTL. It
-// never deletes a key held by someone else. Call it only once the work the
-// lock guarded has returned.
-//
-// Unlock of a lock that was lost still deletes the key if it is still this
-// holder's, and returns nil. Unlock of a Lock that never acquired the lock,
-// or already released it, returns an error wrapping ErrNotHeld. An error
-// from the store means the outcome of the delete is unknown; the key then
-// expires after at most TTL.
-//
-// Unlock does not wait for a store that is away: when the client's
-// connection is lost (before the delete or while it is in flight), it
-// returns at once with an error wrapping ErrNotReleased. The holding ends
-// either way.
+// Unlock ends the holding (Err is ErrReleased) and deletes the key if it
+// still holds this Lock's HolderID (VDEL). Call it once the guarded work
+// has returned. Of a lost lock it does the same and returns nil; of a Lock
+// not holding, [ErrNotHeld]. With the connection lost it returns at once
+// ([ErrNotReleased]); a store error leaves the delete's outcome unknown. A
+// key left behind expires within its TTL.
 func (l *Lock) Unlock(ctx context.Context) error {
 	if err := l.begin(ctx); err != nil {
 		return err
@@ -382,9 +337,8 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	return l.release(ctx)
 }
 
-// Close releases the lock if it holds it (as Unlock, bounded by ctx) and
-// makes every later call fail with ErrClosed. A Lock or TryLock in progress
-// ends at once, with an error wrapping ErrClosed. It is idempotent.
+// Close releases the lock if held (as Unlock) and ends a Lock or TryLock in
+// progress; later calls fail with [ErrClosed]. It is idempotent.
 func (l *Lock) Close(ctx context.Context) error {
 	l.endCalls()
 	if err := l.begin(ctx); err != nil {
@@ -426,19 +380,13 @@ func (l *Lock) Context() context.Context { return l.holding().ctx }
 // ErrNotHeld before the first acquisition.
 func (l *Lock) Err() error { return l.holding().err() }
 
-// Token returns the fencing token of the current holding: the version the
-// store gave the key when this Lock acquired it. Renewals do not change it,
-// so every write of one holding carries the same token, and a holder's
-// earlier fenced writes never make its later ones fail; the next holder's
-// token is always greater. It is zero before the first acquisition, and
-// stays readable after the holding ended (see FencingToken for writes).
+// Token returns the fencing token of the current holding (zero before the
+// first), still readable after it ended; use FencingToken for writes.
 func (l *Lock) Token() hlc.Timestamp { return l.holding().token }
 
 // FencingToken returns the token to fence a write with, or an error if the
-// lock is not held now. It checks the renew deadline on the monotonic clock
-// itself, so a process that was paused past it learns that the lock is lost
-// here, before any write, even if the timer that ends the holding has not
-// run yet. Package fenced calls it for every write.
+// lock is not held now, checking the renew deadline itself: a process
+// paused past it learns here, before any write, that the lock is lost.
 func (l *Lock) FencingToken() (hlc.Timestamp, error) {
 	h := l.holding()
 	if err := h.check(); err != nil {
@@ -447,14 +395,10 @@ func (l *Lock) FencingToken() (hlc.Timestamp, error) {
 	return h.token, nil
 }
 
-// FencingConn is FencingToken, with the connection to send the fenced write
-// on: the one on which the holding last saw its key. After a reconnect (or
-// when its watch lost track of the key) it first confirms the key with a
-// read, waiting as long as ctx allows, and returns an error if the holding
-// ended meanwhile: so a write sent on the connection never crosses an outage
-// the holding has not checked (a store restart that lost the key and let
-// another holder in, say). A write sent on it after that connection is
-// lost fails with sskv.ErrNotSent. Package fenced calls it for every write.
+// FencingConn is FencingToken with the connection on which the holding
+// last saw its key. After a reconnect or a Resync it first confirms the key
+// with a read, and fails if the holding ended. A write sent after that
+// connection is lost fails with sskv.ErrNotSent.
 func (l *Lock) FencingConn(ctx context.Context) (hlc.Timestamp, *sskv.Conn, error) {
 	h := l.holding()
 	if err := h.check(); err != nil {
@@ -467,11 +411,9 @@ func (l *Lock) FencingConn(ctx context.Context) (hlc.Timestamp, *sskv.Conn, erro
 	return h.token, cn, nil
 }
 
-// Fenced tells the Lock that a write fenced with token was refused because
-// a newer token protects the key: someone else has taken over. If token is
-// that of the current holding, the holding ends at once as lost, with
-// reason ErrFenced; a refused write of an earlier holding changes nothing.
-// Package fenced calls it; err is the store's refusal.
+// Fenced tells the Lock that a write fenced with token was refused (err)
+// for a newer token. If token is the current holding's, the holding ends
+// as lost ([ErrFenced]); an earlier holding's changes nothing.
 func (l *Lock) Fenced(token hlc.Timestamp, err error) {
 	if h := l.holding(); h.token == token {
 		h.lose(fmt.Errorf("%w: %w", ErrFenced, err))
@@ -479,17 +421,12 @@ func (l *Lock) Fenced(token hlc.Timestamp, err error) {
 }
 
 // SetValue changes the value this Lock publishes in its key (Config.Value)
-// while it holds the lock, without releasing it: one SET, fenced with the
-// holding's token, which also renews the lease. It needs Config.FenceKey.
-// The fence makes it safe: if another holder has taken over, the store
-// refuses the write and the holding ends as lost (ErrHeldByOther).
-//
-// It returns an error wrapping ErrNotHeld (or why the holding ended) if the
-// Lock does not hold the lock. An error wrapping sskv.ErrTooLarge means
-// the value does not fit in a request the broker takes: nothing was sent,
-// and the Lock goes on with its earlier value. Any other error means the
-// outcome is unknown; the Lock then writes the new value with its next
-// renewal.
+// while it holds the lock: one SET fenced with the holding's token, which
+// also renews the lease. It needs Config.FenceKey. If another holder has
+// taken over, the store refuses it and the holding ends (ErrHeldByOther).
+// Errors: [ErrNotHeld] (or why the holding ended) when not holding;
+// sskv.ErrTooLarge, with nothing sent and the earlier value kept; anything
+// else leaves the outcome unknown, and the next renewal writes the value.
 func (l *Lock) SetValue(ctx context.Context, value []byte) error {
 	if !l.cfg.FenceKey {
 		return l.wrap("set value", configErr("SetValue needs Config.FenceKey"))
@@ -519,15 +456,8 @@ func (l *Lock) SetValue(ctx context.Context, value []byte) error {
 	return nil
 }
 
-// Holder reads who holds the lock now (GET). It works whether or not this
-// Lock holds it.
-//
-// It reads the key as it is. A SetValue of a holding that has ended, held
-// on a frozen connection and reaching the store late, can land on the key
-// between the two writes of the next holder's acquisition (with FenceKey)
-// and sit there until the next holder's token replaces it: for that
-// moment, Holder returns the ended holding. Exclusion does not depend on
-// it: the next holder's fenced write still wins the key.
+// Holder reads who holds the lock now (GET). For a moment during a FenceKey
+// acquisition, a late SetValue of an ended holding can show that holding.
 func (l *Lock) Holder(ctx context.Context) (Holder, error) {
 	res, err := l.c.Get(ctx, l.cfg.Name)
 	if err != nil {

@@ -12,33 +12,20 @@ import (
 type Holder struct {
 	// ID is the holder's HolderID; empty when the lock is free.
 	ID string
-	// Token is the holder's fencing token, when the lock's key records it
-	// (Config.FenceKey); zero otherwise, and zero for a holder that has
-	// taken the key but not yet recorded its token (its acquisition is
-	// under way, and it does not hold the lock yet).
-	Token hlc.Timestamp
-	// Value is the value the holder publishes (Config.Value and
-	// Lock.SetValue); nil without FenceKey.
-	Value []byte
-	// Version is the key's version: that of the holder's latest write
-	// (acquisition, renewal or SetValue), at or after its fencing token.
-	// Zero when the lock is free.
-	Version hlc.Timestamp
+	// Token is the holder's fencing token (with FenceKey; zero without, and
+	// while an acquisition is under way).
+	Token   hlc.Timestamp
+	Value   []byte        // what the holder publishes; nil without FenceKey
+	Version hlc.Timestamp // the key's version; zero when the lock is free
 }
 
 // Held reports whether anyone holds the lock.
 func (h Holder) Held() bool { return h.ID != "" || !h.Version.IsZero() }
 
-// ParseHolder reads the value and version of a lock's key (from a GET or a
-// KEYNOTIFY event) as a Holder. A key written with Config.FenceKey holds
-//
-//	HolderID "\n" token "\n" Value
-//
-// with the token written by the second SET of an acquisition: the SET that
-// takes the key (the store gives the token in its answer) writes "~" and a
-// nonce of the Lock's in its place, so that no two Locks' acquisitions
-// under way ever write the same record, even with the same HolderID. Any
-// other value is a HolderID alone. A nil value is a free lock.
+// ParseHolder reads the value and version of a lock's key as a Holder. A
+// key written with Config.FenceKey holds HolderID "\n" token "\n" Value (an
+// acquisition under way writes "~" and a nonce in place of the token); any
+// other value is a HolderID alone, and nil a free lock.
 func ParseHolder(value []byte, version hlc.Timestamp) Holder {
 	if value == nil {
 		return Holder{}

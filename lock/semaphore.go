@@ -20,24 +20,15 @@ import (
 // RenewInterval, RenewDeadline, Logger and OnRenewal mean what they mean in
 // [Config], and apply to each slot the participant holds.
 type SemaphoreConfig struct {
-	// Name is the semaphore's record key; its slots are the keys Name +
-	// "\x00slot\x00" + i, for i from 0 to the limit less one. Every
-	// participant uses the same Name.
+	// Name is the semaphore's record key; slot i is SemaphoreSlot(Name, i).
 	Name string
-
-	// Limit is how many may hold the semaphore at once. The first
-	// participant to find no record writes it (SET NX, no expiry); the
-	// record rules from then on, and a participant whose Limit differs from
-	// it cannot acquire (ErrLimitMismatch). Zero: take the record's (an
-	// acquisition fails with ErrNoLimit if there is none). At most 1000: an
-	// acquisition that finds the slots held tries each of them.
+	// Limit is how many may hold the semaphore at once, at most 1000. The
+	// first participant to find no record writes it (SET NX, no expiry);
+	// the record rules from then on (else ErrLimitMismatch). Zero: take
+	// the record's (ErrNoLimit if there is none).
 	Limit int
-
-	// HolderID identifies this participant: it is the holder id of each slot
-	// it holds. Default: the sskv client id, "/" and 16 random hex digits.
-	// Two participants must never share one.
-	HolderID string
-
+	// HolderID is this participant's id in each slot it holds.
+	HolderID                          string
 	TTL, RenewInterval, RenewDeadline time.Duration
 	Logger                            *slog.Logger
 	OnRenewal                         func(latency time.Duration, err error)
@@ -74,23 +65,16 @@ func parseSemaphoreRecord(v []byte) (int, bool) {
 	return n, true
 }
 
-// Semaphore is one participant of a counting semaphore on the state store:
-// at most Limit participants hold it at once, each in a slot of its own,
-// and each holding is fenced, as a [Lock]'s. Create it with
+// Semaphore is one participant of a counting semaphore: at most Limit
+// participants hold it at once, each in a slot of its own. Create it with
 // [NewSemaphore]; acquire with [Semaphore.TryAcquire] or
-// [Semaphore.Acquire]; release with [Semaphore.Release]. It holds at most
-// one slot at a time.
-//
-// Each slot is a key held by a Lock (Config.FenceKey set), so leases,
-// renewals, the renew deadline, fencing and release are exactly a Lock's:
-// Done, Context, Err, Token, FencingToken, FencingConn and Fenced refer to
-// the current (or latest) holding of a slot, as the same methods of Lock do,
-// and a Semaphore is a fenced.ConnSource. Its methods are safe for
-// concurrent use; acquisitions and releases take turns.
-//
-// The names follow golang.org/x/sync/semaphore and Consul's api.Semaphore
-// (Acquire, TryAcquire, Release) rather than Lock's: a semaphore is not
-// "locked", and Lock/Unlock would suggest one holder.
+// [Semaphore.Acquire]; release with [Semaphore.Release]. Each slot is a key
+// held by a FenceKey Lock, so leases, renewals, fencing
+// and release are a Lock's: Done, Context, Err, Token, FencingToken,
+// FencingConn and Fenced refer to the current (or latest) holding, and a
+// Semaphore is a fenced.ConnSource. Its methods are safe for concurrent
+// use. Slots pass to waiters through the holder of slot 0: while it is
+// paused, a freed slot stays free until it wakes or its lease ends.
 type Semaphore struct {
 	c    *sskv.Client
 	cfg  SemaphoreConfig
@@ -122,8 +106,7 @@ type Semaphore struct {
 }
 
 // NewSemaphore returns a participant of the semaphore cfg.Name that
-// acquires it through c. It sends nothing. An invalid cfg gives an error
-// wrapping [ErrConfig].
+// acquires it through c; it sends nothing. Invalid cfg: [ErrConfig].
 func NewSemaphore(c *sskv.Client, cfg SemaphoreConfig) (*Semaphore, error) {
 	if c == nil {
 		return nil, configErr("nil sskv.Client")
@@ -180,20 +163,17 @@ func (s *Semaphore) Limit() int {
 	return s.limit
 }
 
-// Slot returns the number of the slot of the current holding (from 0 to
-// Limit-1), or of the latest one after it ended; -1 before the first
-// acquisition. Slots identify the holdings of the moment, not participants.
+// Slot returns the slot of the current (or latest) holding, 0 to Limit-1;
+// -1 before the first acquisition.
 func (s *Semaphore) Slot() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.slot
 }
 
-// TryAcquire makes one attempt at each slot, from a random one, and reports
-// whether it took one. All slots held is not an error. It reads the record
-// first (and writes it if missing and Config.Limit is set): an error
-// wrapping ErrLimitMismatch or ErrNoLimit means nothing was tried. Other
-// errors are as TryLock's; the first is returned if no slot was taken.
+// TryAcquire tries each slot once and reports whether it took one; all
+// held is not an error. Errors: ErrLimitMismatch or ErrNoLimit from the
+// record (nothing tried), else the first of TryLock's if no slot was taken.
 func (s *Semaphore) TryAcquire(ctx context.Context) (bool, error) {
 	ctx, unbind := s.bind(ctx)
 	defer unbind()
@@ -217,20 +197,10 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (bool, error) {
 // while Limit others hold it. When it returns nil, this participant holds
 // one slot (Slot), with at least RenewDeadline before it could be lost.
 //
-// It reads the record (one GET; creating it with SET NX if missing and
-// Config.Limit is set). A participant that has neither held nor waited
-// within a TTL then tries the slots with TryLock, from a random one: one
-// request per held slot tried, and the two requests of a FenceKey
-// acquisition for the slot taken. Otherwise, or if every slot is held, it
-// waits in the semaphore's queue, first come first served whichever slot
-// is released: no request while the holders renew, and a slot handed to
-// it, reserved, when its turn comes. A participant that just released
-// goes to the back of the queue rather than take the slot it freed. See
-// the package documentation for the bound on overtaking, and how it was
-// measured.
-//
-// Errors are those of Lock.Lock, and ErrLimitMismatch or ErrNoLimit from
-// the record. ctx ending, or Close, ends the wait with nothing held.
+// A participant that has neither held nor waited within a TTL tries each
+// slot once; otherwise it waits in the queue, first come first served, even
+// for the slot it just freed. Errors are Lock.Lock's, and ErrLimitMismatch
+// or ErrNoLimit from the record; on an error, nothing is held.
 func (s *Semaphore) Acquire(ctx context.Context) error {
 	ctx, unbind := s.bind(ctx)
 	defer unbind()
@@ -382,11 +352,8 @@ func (e *limitError) Error() string {
 
 func (e *limitError) Unwrap() error { return ErrLimitMismatch }
 
-// Release ends the holding and releases its slot, as [Lock.Unlock] does:
-// the slot is handed to its first waiter, if any. Call it only once the
-// work the semaphore guarded has returned. Releasing a slot that was lost
-// returns nil (and deletes its key if still this participant's); releasing
-// when nothing was acquired, or twice, returns an error wrapping ErrNotHeld.
+// Release is [Lock.Unlock] for the slot held, which goes to the first
+// waiter, if any. Call it only once the guarded work has returned.
 func (s *Semaphore) Release(ctx context.Context) error {
 	if err := s.begin(ctx); err != nil {
 		return err
@@ -401,9 +368,8 @@ func (s *Semaphore) Release(ctx context.Context) error {
 	return s.fail(ctx, "", cur.Unlock(ctx))
 }
 
-// Close releases the slot held, if any (as Release, bounded by ctx), ends
-// an acquisition in progress with an error wrapping ErrClosed, and makes
-// every later call fail with ErrClosed. It is idempotent.
+// Close releases the slot held (as Release) and ends an acquisition in
+// progress; later calls fail with [ErrClosed]. It is idempotent.
 func (s *Semaphore) Close(ctx context.Context) error {
 	s.kill(ErrClosed)
 	if err := s.begin(ctx); err != nil {
@@ -424,13 +390,10 @@ func (s *Semaphore) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// Done returns a channel that is closed when the current holding ends (the
-// slot was lost or released). Before the first acquisition it is closed.
+// Done is [Lock.Done] for the current holding.
 func (s *Semaphore) Done() <-chan struct{} { return s.Context().Done() }
 
-// Context returns a context that is cancelled when the current holding
-// ends; context.Cause of it is Err. Give it to the work the semaphore
-// guards.
+// Context is [Lock.Context] for the current holding: give it to the work.
 func (s *Semaphore) Context() context.Context {
 	if l := s.current(); l != nil {
 		return l.Context()
@@ -438,8 +401,7 @@ func (s *Semaphore) Context() context.Context {
 	return notHeld.ctx
 }
 
-// Err returns nil while a slot is held, and otherwise why the current
-// holding ended, as [Lock.Err].
+// Err is [Lock.Err] for the current holding.
 func (s *Semaphore) Err() error {
 	if l := s.current(); l != nil {
 		return l.Err()
@@ -447,10 +409,8 @@ func (s *Semaphore) Err() error {
 	return notHeld.err()
 }
 
-// Token returns the fencing token of the current (or latest) holding, as
-// [Lock.Token]: zero before the first acquisition. Each slot's tokens
-// increase from one holder to the next; tokens of different slots are not
-// ordered, since the holdings of different slots are not exclusive.
+// Token is [Lock.Token] for the current (or latest) holding. Tokens of
+// different slots are not ordered against each other.
 func (s *Semaphore) Token() hlc.Timestamp {
 	if l := s.current(); l != nil {
 		return l.Token()
@@ -458,8 +418,7 @@ func (s *Semaphore) Token() hlc.Timestamp {
 	return hlc.Timestamp{}
 }
 
-// FencingToken returns the token to fence a write with, or an error if no
-// slot is held now, as [Lock.FencingToken].
+// FencingToken is [Lock.FencingToken] for the current holding.
 func (s *Semaphore) FencingToken() (hlc.Timestamp, error) {
 	if l := s.current(); l != nil {
 		return l.FencingToken()
@@ -467,8 +426,7 @@ func (s *Semaphore) FencingToken() (hlc.Timestamp, error) {
 	return hlc.Timestamp{}, s.wrap("", ErrNotHeld)
 }
 
-// FencingConn is FencingToken with the connection to send the fenced write
-// on, as [Lock.FencingConn].
+// FencingConn is [Lock.FencingConn] for the current holding.
 func (s *Semaphore) FencingConn(ctx context.Context) (hlc.Timestamp, *sskv.Conn, error) {
 	if l := s.current(); l != nil {
 		return l.FencingConn(ctx)
@@ -476,8 +434,7 @@ func (s *Semaphore) FencingConn(ctx context.Context) (hlc.Timestamp, *sskv.Conn,
 	return hlc.Timestamp{}, nil, s.wrap("", ErrNotHeld)
 }
 
-// Fenced tells the participant that a write fenced with token was refused,
-// as [Lock.Fenced]: the current holding ends as lost if token is its own.
+// Fenced is [Lock.Fenced] for the current holding.
 func (s *Semaphore) Fenced(token hlc.Timestamp, err error) {
 	if l := s.current(); l != nil {
 		l.Fenced(token, err)

@@ -58,8 +58,8 @@ type Config struct {
 	// heard from for 1.5 times as long. Default 5 s, so that an idle dead
 	// connection is found within KeepAlive+PingTimeout (6 s), less than the
 	// leases of a few seconds that locks hold; it costs one 2-byte ping
-	// each way per KeepAlive on an idle connection. See "Dead connections"
-	// in the package documentation.
+	// each way per KeepAlive on an idle connection. See "Costs" in the
+	// package documentation.
 	KeepAlive time.Duration
 
 	// PingTimeout is how long the client waits for any packet from the

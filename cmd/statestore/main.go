@@ -49,7 +49,7 @@
 // says so.
 //
 // To authenticate clients and keep them apart (see the package
-// documentation of sskv/localstore, "Tenants"):
+// documentation of sskv/localstore, "Tenants", and docs/localstore.md):
 //
 //		statestore -listen :1883 -users users.txt -key-prefix alice=a/ -key-prefix bob=b/
 //		statestore -listen - -tls-listen :8883 -tls-cert server.pem -tls-key server.key \

@@ -9,7 +9,7 @@ import (
 	"github.com/dsslock/dsslock/sskv/internal/wire"
 )
 
-// The topic rules (see the package documentation, "Tenants"). Topics under
+// The topic rules (docs/localstore.md, "Tenants", gives them in full). Topics under
 // clients/ are protected; every other topic is an ordinary MQTT topic.
 //
 //   - clients/statestore/...: the store's. Only the store publishes there,
