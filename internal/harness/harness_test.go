@@ -360,19 +360,7 @@ func runSchedule(t *testing.T, seed, run int64, v variant) result {
 	}
 	defer observer.Close()
 	s.admin = observer
-	s.h.readKey = func() (hlc.Timestamp, string, error) {
-		rctx, cancel := context.WithTimeout(ctx, opTimeout)
-		defer cancel()
-		g, err := observer.Get(rctx, election)
-		if err != nil {
-			return hlc.Timestamp{}, "", err
-		}
-		if !g.Found {
-			return hlc.Timestamp{}, "missing", nil
-		}
-		h := lock.ParseHolder(g.Value, g.Version)
-		return h.Token, fmt.Sprintf("%s's record with token %v, at version %v", h.ID, h.Token, g.Version), nil
-	}
+	s.h.readKey = s.keyReader(ctx)
 
 	// Candidates campaign until runCtx ends; the observer reads and follows
 	// the election throughout, from before the first fault.
@@ -517,6 +505,24 @@ func (s *schedule) fileName(ext string) string {
 		return filepath.Join(os.TempDir(), fmt.Sprintf("dsslock-harness-%d-%d.%s", s.seed, s.run, ext))
 	}
 	return filepath.Join(os.TempDir(), fmt.Sprintf("dsslock-harness-%d.%s", s.seed, ext))
+}
+
+// keyReader returns the history's readKey: it reads the election's key
+// with the administrator's client, within ctx and opTimeout.
+func (s *schedule) keyReader(ctx context.Context) func() (hlc.Timestamp, string, error) {
+	return func() (hlc.Timestamp, string, error) {
+		rctx, cancel := context.WithTimeout(ctx, opTimeout)
+		defer cancel()
+		g, err := s.admin.Get(rctx, election)
+		if err != nil {
+			return hlc.Timestamp{}, "", err
+		}
+		if !g.Found {
+			return hlc.Timestamp{}, "missing", nil
+		}
+		h := lock.ParseHolder(g.Value, g.Version)
+		return h.Token, fmt.Sprintf("%s's record with token %v, at version %v", h.ID, h.Token, g.Version), nil
+	}
 }
 
 // kindCounts formats counts by fault kind, in the order of faultKinds.
