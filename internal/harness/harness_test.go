@@ -37,11 +37,18 @@ import (
 //   - 1152: the leader's read lost its answer, and the harness's work waited
 //     the RequestTimeout for it while the term went on. Not a library bug:
 //     the work now bounds each request, as a careful user's would.
+//   - 1008: a leader's key was deleted by hand while its traffic was held;
+//     its own held renewal re-created the key, and the leader went on (as
+//     package lock documents). The check's exemption for that needed the
+//     observer to see the key come back, which leader.Observe no longer
+//     reports, and it flagged "a term outlived its key". Not a library bug:
+//     the check now reads the key (TestHeldRenewalRecreatesDeletedKey). Its
+//     faults still make this history in about one replay in ten.
 //
 // Adding the store restart, key deletion and redelivery faults changed the
-// draws: these seeds no longer replay the sequences that found those bugs,
-// but they still run first.
-var regressions = []int64{1084, 1152}
+// draws: 1084 and 1152 no longer replay the sequences that found those
+// bugs, but they still run first.
+var regressions = []int64{1008, 1084, 1152}
 
 // Timing of every schedule. The lease is short so that a schedule sees
 // several takeovers in a few seconds, and long enough that a renewal
@@ -176,7 +183,7 @@ func TestHarness(t *testing.T) {
 		}
 	})
 	t.Logf("schedules with each kind of fault (of %d): %s", ran, kindCounts(total.kinds))
-	t.Logf("not violations, but worth a look: %d schedules slow to stop (over %v), %d terms that began before the previous one saw its end, %d keys of ended terms re-created by late requests",
+	t.Logf("not violations, but worth a look: %d schedules slow to stop (over %v), %d terms that began before the previous one saw its end, %d keys re-created by held-back requests of their own terms (ended, or going on with no other term between)",
 		total.slowStops, slowStop, total.overlaps, total.lateKeys)
 	line := fmt.Sprintf("harness: %d schedules, %d ops, %d faults, %d takeovers, %d stale rejected, %d violations",
 		ran, total.ops, total.faults, total.takeovers, total.stale, len(total.violations))
@@ -438,7 +445,7 @@ func runSchedule(t *testing.T, seed, run int64, v variant) result {
 	res.violations = append(res.violations, observed...)
 	res.lateKeys = len(late)
 	for _, l := range late {
-		t.Logf("not a violation: %s, and that term had ended: a late request re-created its key", l)
+		t.Logf("not a violation: %s", l)
 	}
 	check, info := porcupine.CheckOperationsVerbose(registerModel, ops, checkLimit)
 	switch check {

@@ -227,7 +227,7 @@ func (h *history) checkObserver() (v []string, late []string) {
 			}
 			v = append(v, fmt.Sprintf("%s: %s, and that term still led at %v%s", what, c.saw, ms(c.checked), h.judgedOn(c)))
 		case !c.live && c.stepBack && h.delayedAt(c.who, c.at):
-			late = append(late, c.saw)
+			late = append(late, c.saw+", and that term had ended: a late request, held back by a fault, re-created its key")
 		case !c.live && c.stepBack && !found[c.token]:
 			found[c.token] = true
 			v = append(v, fmt.Sprintf("a client re-created its ended term's key by itself: %s; that term had ended, and no fault held back its requests then (a request sent again on a resumed session, or sent not knowing the key was gone)%s", c.saw, h.judgedOn(c)))
