@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dsslock/dsslock/faultproxy"
 	"github.com/dsslock/dsslock/leader"
 	"github.com/dsslock/dsslock/lock"
 	"github.com/dsslock/dsslock/sskv"
@@ -17,10 +18,10 @@ import (
 // with the real Elector and the real leader.Observe, and checks it as the
 // harness does.
 //
-// A leader's traffic from the store is held; its key is deleted by hand;
-// its next renewal, sent not knowing of the deletion (whose notification is
-// held), re-creates the key; then its connection is dropped before anything
-// held reaches it. The client resumes its session: the renewal's answer comes
+// A leader's traffic is held both ways; its key is deleted by hand; its
+// next renewal, sent not knowing of the deletion (whose notification is
+// held), reaches the store after it and re-creates the key; then its
+// connection is dropped before anything held reaches the leader. The client resumes its session: the renewal's answer comes
 // with it (the renewal succeeded, at the version it created), and the
 // deletion's notification is folded into the Resync of the leader's watch,
 // which shows the leader's own record. The leader confirms its key after
@@ -44,18 +45,24 @@ func TestHeldRenewalRecreatesDeletedKey(t *testing.T) {
 	srv, addr := s.store(), s.store().Addr()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	dial := func(id string) *sskv.Client {
-		c, err := sskv.Dial(ctx, sskv.Config{Addr: addr, ClientID: id,
-			ReconnectMin: 10 * time.Millisecond, ReconnectMax: 50 * time.Millisecond})
-		if err != nil {
-			t.Fatalf("Dial %s: %v", id, err)
-		}
-		return c
-	}
 	const id = "recreate-leader"
-	c := dial(id)
+	// The leader's connection goes through a proxy, which holds its
+	// requests while the key is deleted: its renewal then reaches the
+	// store after the deletion, whenever it was sent.
+	proxy, err := faultproxy.Start(addr, faultproxy.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	c, err := sskv.Dial(ctx, sskv.Config{Addr: proxy.Addr(), ClientID: id,
+		ReconnectMin: 10 * time.Millisecond, ReconnectMax: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer c.Close()
-	s.admin = dial("recreate-admin")
+	if s.admin, err = sskv.Dial(ctx, sskv.Config{Addr: addr, ClientID: "recreate-admin"}); err != nil {
+		t.Fatal(err)
+	}
 	defer s.admin.Close()
 	s.h.readKey = s.keyReader(ctx)
 
@@ -90,8 +97,10 @@ func TestHeldRenewalRecreatesDeletedKey(t *testing.T) {
 	}
 	defer w.Stop()
 
+	// The schedules' lease, renewed less often: the first renewal comes
+	// 150 to 300 ms after the election, long after the hold below began.
 	e, err := leader.NewElector(c, election, []byte(id), leader.WithCandidateID(id),
-		leader.WithTTL(ttl), leader.WithRenewInterval(renewInterval), leader.WithRenewDeadline(renewDeadline))
+		leader.WithTTL(ttl), leader.WithRenewInterval(2*renewInterval), leader.WithRenewDeadline(renewDeadline))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,11 +131,13 @@ func TestHeldRenewalRecreatesDeletedKey(t *testing.T) {
 		t.Fatal("not elected")
 	}
 
-	// Hold the leader's traffic from the store, and delete its key.
+	// Hold the leader's traffic, both ways, and delete its key. The store
+	// holds what it sends the leader, the proxy what the leader sends.
 	held := s.h.now()
 	if err := srv.Hold(id, localstore.FromStore); err != nil {
 		t.Fatal(err)
 	}
+	proxy.Blackhole()
 	g, err := s.admin.Get(ctx, election)
 	if err != nil {
 		t.Fatal(err)
@@ -136,6 +147,7 @@ func TestHeldRenewalRecreatesDeletedKey(t *testing.T) {
 		t.Fatalf("the key holds %+v, want the term's token %v", holder, term.Token())
 	}
 	s.h.fault(s.h.now(), 0, s.deleteKey(ctx, holder))
+	proxy.Heal()
 	// The leader's next renewal re-creates the key: seen by the
 	// administrator's watch as the deletion, then the leader's record.
 	deleted := false
