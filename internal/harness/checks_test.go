@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -278,5 +279,31 @@ func TestStoreRestartLosesKeys(t *testing.T) {
 	// The token order tells stores apart by their versions' node ids.
 	if r, err := c.Set(ctx, register, []byte("b"), sskv.SetOptions{}); err != nil || r.Version.Node != "statestore2" {
 		t.Fatalf("Set after the restart: %+v, %v; want a version of node statestore2", r, err)
+	}
+}
+
+// TestFailingLogEndsWithViolations: a failing schedule's log, kept without
+// the test's output, ends with each violation's full text (the check that
+// fired and what it was judged on), then the summary and the replay
+// command.
+func TestFailingLogEndsWithViolations(t *testing.T) {
+	s := &schedule{t: t, seed: -38, run: 1, h: newHistory()}
+	s.logger = slog.New(slog.NewTextHandler(&s.log, nil))
+	s.logger.Info("a line of the schedule")
+	violations := []string{"a term outlived its key: ...\n  judged on:\n    observed at 1s: no leader", "terms interleave: ..."}
+	s.evidence(violations, "12 ops, 1 violations")
+	path := s.writeLog()
+	if path == "" {
+		t.Fatal("no log written")
+	}
+	defer os.Remove(path)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "violation 1 of 2: " + violations[0] + "\nviolation 2 of 2: " + violations[1] + "\n" +
+		"--- seed -38 (run 1): 12 ops, 1 violations ---\nreplay: " + replayCommand(-38) + "\n"
+	if !strings.HasSuffix(string(b), want) {
+		t.Fatalf("the log ends with\n%s\nwant\n%s", b[max(0, len(b)-len(want)-100):], want)
 	}
 }
