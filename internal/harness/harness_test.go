@@ -468,7 +468,7 @@ func runSchedule(t *testing.T, seed, run int64, v variant) result {
 		s.evidence(res.violations, summary)
 		html := s.visualize(info, res.violations, summary)
 		logPath := s.writeLog()
-		if len(res.violations) > 0 {
+		if len(res.violations) > 0 && v == (variant{}) { // a variant's are wanted (see TestHarnessCatchesUnfencedWrites)
 			s.recordFailure(res.violations, html, logPath)
 		}
 	}
