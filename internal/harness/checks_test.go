@@ -133,7 +133,7 @@ func TestHarnessCatchesUnfencedWrites(t *testing.T) {
 				t.Parallel()
 				slots <- struct{}{}
 				defer func() { <-slots }()
-				for _, v := range runSchedule(t, seed, 0, variant{unfenced: true}).violations {
+				for _, v := range runSchedule(t, seed, 0, variant{unfenced: true}, nil).violations {
 					if strings.Contains(v, "terms interleave") {
 						mu.Lock()
 						found = append(found, fmt.Sprintf("seed %d: %s", seed, v))

@@ -60,6 +60,7 @@ const (
 	candidates    = 3
 	faultPhase    = 3 * time.Second        // faults are injected for this long
 	livenessLimit = 5 * time.Second        // a leader must write this soon after the faults are healed (half the client's RequestTimeout)
+	maxStall      = 10 * time.Second       // the most time the process stood still that the liveness check gives back
 	stopLimit     = 15 * time.Second       // Run must return this soon after its context ends
 	slowStop      = 3 * time.Second        // or the schedule's log and visualization are written
 	opPace        = 10 * time.Millisecond  // a leader's pause between read-modify-writes
@@ -134,7 +135,9 @@ func TestHarness(t *testing.T) {
 	var mu sync.Mutex
 	var total result
 	total.kinds = map[string]int{} // schedules with a fault of the kind
-	var failing []string           // runName of each run that found violations
+	stalls := startStallMonitor()
+	defer stalls.Stop()
+	var failing []string // runName of each run that found violations
 	var failed atomic.Bool
 	ran := 0
 	slots := make(chan struct{}, parallel)
@@ -152,7 +155,7 @@ func TestHarness(t *testing.T) {
 					t.Skip("an earlier run of this seed failed")
 				}
 				seed := rn.seed
-				r := runSchedule(t, seed, rn.n, variant{})
+				r := runSchedule(t, seed, rn.n, variant{}, stalls)
 				if len(r.violations) > 0 {
 					failed.Store(true)
 				}
@@ -187,6 +190,9 @@ func TestHarness(t *testing.T) {
 		total.slowStops, slowStop, total.overlaps, total.lateKeys)
 	line := fmt.Sprintf("harness: %d schedules, %d ops, %d faults, %d takeovers, %d stale rejected, %d violations",
 		ran, total.ops, total.faults, total.takeovers, total.stale, len(total.violations))
+	if d := stalls.within(time.Time{}, time.Now()); d > 0 {
+		t.Logf("the test process stood still for %v in all (pauses over %v)", d.Round(time.Millisecond), stallMin)
+	}
 	if len(failing) > 0 {
 		slices.Sort(failing)
 		line += fmt.Sprintf(" (in %s; each schedule's log and history are in %s, and every failure is listed in %s)",
@@ -251,7 +257,8 @@ type schedule struct {
 	offset  time.Duration      // the store's clock offset, kept across restarts
 	stores  int                // stores started
 
-	failures []string // of the harness itself (a store that could not restart); the fault loop's only
+	failures []string      // of the harness itself (a store that could not restart); the fault loop's only
+	stalls   *stallMonitor // when the process stood still; nil: not watched
 }
 
 // store returns the store running now, or nil while it restarts. Faults
@@ -319,8 +326,8 @@ func (s *schedule) setClockOffset(srv *localstore.Server, off time.Duration) {
 	srv.SetClockOffset(off)
 }
 
-func runSchedule(t *testing.T, seed, run int64, v variant) result {
-	s := &schedule{t: t, seed: seed, run: run, v: v, rng: rand.New(rand.NewPCG(uint64(seed), 0x64_73_73_6c_6f_63_6b)), h: newHistory()}
+func runSchedule(t *testing.T, seed, run int64, v variant, stalls *stallMonitor) result {
+	s := &schedule{t: t, seed: seed, run: run, v: v, stalls: stalls, rng: rand.New(rand.NewPCG(uint64(seed), 0x64_73_73_6c_6f_63_6b)), h: newHistory()}
 	s.logger = slog.New(slog.NewTextHandler(&s.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	s.h.log = s.logger.With("harness", seed)
 	s.logger.Info("schedule starts; at= in harness lines is the time since", "seed", seed)
@@ -399,11 +406,27 @@ func runSchedule(t *testing.T, seed, run int64, v variant) result {
 		res.faults += n
 	}
 	res.violations = append(res.violations, s.failures...)
-	healed := s.h.now()
-	if !s.waitWrite(runCtx, healed, livenessLimit) {
+	healed, healedAt := s.h.now(), time.Now()
+	wrote := s.waitWrite(runCtx, healed, livenessLimit)
+	// Time the process itself stood still (see stallMonitor) is given
+	// back, up to maxStall: the library cannot act while it does not run.
+	stalled := s.stalls.within(healedAt, time.Now())
+	for !wrote && stalled > 0 && stalled <= maxStall {
+		wait := time.Until(healedAt.Add(livenessLimit + stalled))
+		if wait <= 0 {
+			break
+		}
+		wrote = s.waitWrite(runCtx, healed, wait)
+		stalled = s.stalls.within(healedAt, time.Now())
+	}
+	if !wrote {
 		st, err := leader.Leader(ctx, observer, election)
-		violate("no leader wrote within %v after the faults were healed (election: %+v, %v)", livenessLimit, st, err)
+		violate("no leader wrote within %v after the faults were healed, and the %v the test process stood still meanwhile (election: %+v, %v)",
+			livenessLimit, stalled.Round(time.Millisecond), st, err)
 		s.dumpGoroutines()
+	}
+	if stalled > 0 {
+		s.logger.Info("the test process stood still after the faults were healed", "harness", s.seed, "for", stalled)
 	}
 	recovered := time.Duration(s.h.now() - healed)
 	s.sleep(runCtx, settle)
