@@ -72,6 +72,7 @@ type termCheck struct {
 	token    hlc.Timestamp
 	saw      string // what the observer saw, and when
 	stepBack bool   // a step back, rather than a key gone
+	closed   bool   // the key was lost with a closed store: no request of the term's can re-create it in the next one
 	who      string // a step back's leader
 	at       int64  // when a step back was seen
 	due      int64
@@ -150,7 +151,7 @@ func (h *history) storeLost() {
 	defer h.obs.mu.Unlock()
 	for _, r := range terms {
 		if r.live != nil && r.live() {
-			h.checkTerm(&termCheck{token: r.token, who: r.who, at: now, due: now + int64(h.lossGrace),
+			h.checkTerm(&termCheck{token: r.token, who: r.who, at: now, closed: true, due: now + int64(h.lossGrace),
 				saw: fmt.Sprintf("the key of %s (token %v) was lost with the store at %v", r.who, r.token, ms(now))})
 		}
 	}
@@ -212,7 +213,7 @@ func (h *history) checkObserver() (v []string, late []string) {
 		// term it saw end.
 		recreated := o.back[c.token] || (c.keyOwn && !h.otherBetween(c.token, c.at, c.checked))
 		switch {
-		case c.live && !c.stepBack && recreated && h.delayedAt(c.who, c.at) && !found[c.token]:
+		case c.live && !c.stepBack && !c.closed && recreated && h.delayedAt(c.who, c.at) && !found[c.token]:
 			found[c.token] = true
 			l := c.saw + ", and its own renewal, held up in the network, re-created it with no other term between"
 			if c.key != "" {
