@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -132,7 +133,7 @@ func TestHarnessCatchesUnfencedWrites(t *testing.T) {
 				t.Parallel()
 				slots <- struct{}{}
 				defer func() { <-slots }()
-				for _, v := range runSchedule(t, seed, variant{unfenced: true}).violations {
+				for _, v := range runSchedule(t, seed, 0, variant{unfenced: true}, nil).violations {
 					if strings.Contains(v, "terms interleave") {
 						mu.Lock()
 						found = append(found, fmt.Sprintf("seed %d: %s", seed, v))
@@ -166,20 +167,35 @@ func TestObserverCatchesTermsThatGoOn(t *testing.T) {
 		delayed   bool   // a fault held back a's requests throughout
 		violation string // the one expected, if any
 		late      int
+		key       string // what the key holds when a term found leading is checked: "a", "b", "none"; "": not read
 	}{
-		{"a term, a Resync of it, the next", []leader.State{none, a, resync(a), none, b}, false, false, "", 0},
-		{"a goes on after its key was taken", []leader.State{a, b}, true, false, "a term outlived its key", 0},
-		{"a goes on after b", []leader.State{a, b, none, a}, true, false, "a term outlived its key", 0},
-		{"a's key re-created by a late request after b", []leader.State{a, b, none, a}, false, true, "", 1},
-		{"a's key re-created by a request sent again after b", []leader.State{a, b, none, a}, false, false, "a client re-created its ended term's key by itself", 0},
-		{"a goes on after its key was deleted", []leader.State{a, none, a}, true, false, "a term outlived its key", 0},
-		{"a's held renewal re-created its deleted key, nobody between", []leader.State{a, none, a}, true, true, "", 1},
-		{"a's held renewal re-created its key after b", []leader.State{a, b, none, a}, true, true, "a term outlived its key", 0},
-		{"a new term with an older token", []leader.State{b, none, a}, true, false, "term token went back", 0},
-		{"a new store whose clock is behind", []leader.State{b, resync(none), {ID: "a", Token: on("s1", 5)}}, true, false, "", 0},
+		{"a term, a Resync of it, the next", []leader.State{none, a, resync(a), none, b}, false, false, "", 0, ""},
+		{"a goes on after its key was taken", []leader.State{a, b}, true, false, "a term outlived its key", 0, ""},
+		{"a goes on after b", []leader.State{a, b, none, a}, true, false, "a term outlived its key", 0, ""},
+		{"a's key re-created by a late request after b", []leader.State{a, b, none, a}, false, true, "", 1, ""},
+		{"a's key re-created by a request sent again after b", []leader.State{a, b, none, a}, false, false, "a client re-created its ended term's key by itself", 0, ""},
+		{"a goes on after its key was deleted", []leader.State{a, none, a}, true, false, "a term outlived its key", 0, ""},
+		{"a's held renewal re-created its deleted key, nobody between", []leader.State{a, none, a}, true, true, "", 1, ""},
+		{"a's held renewal re-created its key after b", []leader.State{a, b, none, a}, true, true, "a term outlived its key", 0, ""},
+		{"a new term with an older token", []leader.State{b, none, a}, true, false, "term token went back", 0, ""},
+		{"a new store whose clock is behind", []leader.State{b, resync(none), {ID: "a", Token: on("s1", 5)}}, true, false, "", 0, ""},
+		// leader.Observe does not report again a term it saw end: the
+		// check reads the key itself (seed 1008).
+		{"a's held renewal re-created its deleted key, the observer silent", []leader.State{a, none}, true, true, "", 1, "a"},
+		{"a goes on, its deleted key missing", []leader.State{a, none}, true, true, "a term outlived its key", 0, "none"},
+		{"a's renewal re-created its deleted key, not held up", []leader.State{a, none}, true, false, "a term outlived its key", 0, "a"},
+		{"a's key has a's record, but b led in between", []leader.State{a, none, b, none}, true, true, "a term outlived its key", 0, "a"},
+		{"a goes on, b's record in the key", []leader.State{a, none, b}, true, true, "a term outlived its key", 0, "b"},
 	} {
 		h := newHistory()
 		h.lossGrace = 0
+		if c.key != "" {
+			// The check must come after the states: whether another term
+			// led in between is judged up to it.
+			h.lossGrace = 100 * time.Millisecond
+			key := map[string]hlc.Timestamp{"a": a.Token, "b": b.Token, "none": {}}[c.key]
+			h.readKey = func() (hlc.Timestamp, string, error) { return key, c.key, nil }
+		}
 		h.storeStarted("s0")
 		h.storeStarted("s1")
 		h.termStarted(0, "a", a.Token, func() bool { return c.aLeads })
@@ -199,11 +215,15 @@ func TestObserverCatchesTermsThatGoOn(t *testing.T) {
 		}
 	}
 
-	// A term that led when the store was closed must stop leading.
+	// A term that led when the store was closed must stop leading, even if
+	// its record is in the next store's key and a fault held its requests:
+	// none of them can reach the next store.
 	for _, leads := range []bool{false, true} {
 		h := newHistory()
 		h.lossGrace = 0
 		h.termStarted(0, "a", a.Token, func() bool { return leads })
+		h.delayed("a", 0, time.Hour.Nanoseconds())
+		h.readKey = func() (hlc.Timestamp, string, error) { return a.Token, "a", nil }
 		h.storeLost()
 		if v, _ := h.checkObserver(); len(v) != map[bool]int{false: 0, true: 1}[leads] {
 			t.Errorf("a term that leads (%v) when the store is closed, and after: violations %q", leads, v)
@@ -263,5 +283,31 @@ func TestStoreRestartLosesKeys(t *testing.T) {
 	// The token order tells stores apart by their versions' node ids.
 	if r, err := c.Set(ctx, register, []byte("b"), sskv.SetOptions{}); err != nil || r.Version.Node != "statestore2" {
 		t.Fatalf("Set after the restart: %+v, %v; want a version of node statestore2", r, err)
+	}
+}
+
+// TestFailingLogEndsWithViolations: a failing schedule's log, kept without
+// the test's output, ends with each violation's full text (the check that
+// fired and what it was judged on), then the summary and the replay
+// command.
+func TestFailingLogEndsWithViolations(t *testing.T) {
+	s := &schedule{t: t, seed: -38, run: 1, h: newHistory()}
+	s.logger = slog.New(slog.NewTextHandler(&s.log, nil))
+	s.logger.Info("a line of the schedule")
+	violations := []string{"a term outlived its key: ...\n  judged on:\n    observed at 1s: no leader", "terms interleave: ..."}
+	s.evidence(violations, "12 ops, 1 violations")
+	path := s.writeLog()
+	if path == "" {
+		t.Fatal("no log written")
+	}
+	defer os.Remove(path)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "violation 1 of 2: " + violations[0] + "\nviolation 2 of 2: " + violations[1] + "\n" +
+		"--- seed -38 (run 1): 12 ops, 1 violations ---\nreplay: " + replayCommand(-38) + "\n"
+	if !strings.HasSuffix(string(b), want) {
+		t.Fatalf("the log ends with\n%s\nwant\n%s", b[max(0, len(b)-len(want)-100):], want)
 	}
 }

@@ -50,7 +50,12 @@
 //     re-creating the key. Counted, not a violation: a key deleted by hand
 //     while a fault held up a renewal of its own, which then re-created it,
 //     with no other term seen in between (the library documents it: the
-//     holder cannot tell that renewal from any other);
+//     holder cannot tell that renewal from any other, and the deletion's
+//     notification was held up with it, or folded into its watch's Resync
+//     after a reconnect). leader.Observe does not report the re-created key
+//     (it does not report again a term it saw end), so the check reads the
+//     key when it finds such a term still leading: it must hold that term's
+//     own record (seed 1008, TestHeldRenewalRecreatesDeletedKey);
 //   - the observer never sees a term token go back: a leader whose token is
 //     not above every token seen before (in store order) must have stopped
 //     leading within the renew deadline of a newer term's, or of its own key
@@ -62,24 +67,53 @@
 //     knowing the key was gone), and it is one;
 //   - after the faults are healed, a leader is elected and writes again
 //     within 5 s, half the client's RequestTimeout: nothing on the way to
-//     leadership may wait out a lost answer.
+//     leadership may wait out a lost answer. Time the test process itself
+//     stood still meanwhile (a goroutine that ticks every 10 ms measures
+//     it; a machine shared with heavier jobs can stop the process for
+//     seconds) is added to the 5 s, up to 10 s, and the violation says how
+//     much there was.
 //
 // A failing schedule prints its seed and the command that replays it, and
 // writes porcupine's HTML visualization of its history (with faults, terms
 // and observed step backs annotated) and a debug log (the stores', the
 // clients' and electors', and a line for each fault, term and observed
-// state) to files whose paths it prints; so does a schedule whose
-// candidates are slow to stop (with the goroutines' stacks in the log). The
-// seed fixes the sequence of faults drawn; the interleavings are the
-// machine's, so a replay runs the same faults, not the same history.
+// state) to files whose paths it prints, in os.TempDir:
+// dsslock-harness-<seed>.html and .log (dsslock-harness-<seed>-<run>.* for
+// a run of DSSLOCK_REPEAT); so does a schedule whose candidates are slow to
+// stop (with the goroutines' stacks in the log). The evidence does not
+// depend on the test's output being kept:
+//
+//   - the log ends with each violation's full text, the check that fired
+//     and, for the observer's checks, the events it was judged on (the
+//     term, the states observed around it, the candidate's faults and the
+//     times its requests were held back, what the key held when checked),
+//     then the schedule's summary line and the command that replays it;
+//   - the visualization has the violations and the summary as annotations
+//     of their own (the full text in each one's details);
+//   - every failing schedule adds its violations, and the paths of its
+//     files, to dsslock-harness-failures.log in os.TempDir, which is never
+//     truncated;
+//   - the last line of the output names the failing seeds.
+//
+// The seed fixes the sequence of faults drawn; the interleavings are the
+// machine's, so a replay runs the same faults, not the same history. A
+// failure that is rare on replay is best hunted with DSSLOCK_REPEAT, which
+// replays one seed many times, DSSLOCK_PARALLEL at once, and stops at the
+// first failure (the runs already under way finish; the others are
+// skipped), keeping that run's evidence as above:
 //
 //	go test ./internal/harness                                   # 20 schedules
 //	DSSLOCK_SCHEDULES=200 go test -run Harness -v ./internal/harness
 //	DSSLOCK_SEED=1234 go test -run Harness -v ./internal/harness  # replay one
+//	DSSLOCK_SEED=1234 DSSLOCK_REPEAT=500 DSSLOCK_PARALLEL=3 \
+//		go test -run 'TestHarness$' -v -timeout 2h ./internal/harness # until it fails
 //
 // Environment: DSSLOCK_SCHEDULES (default 20); DSSLOCK_SEED (the first seed;
 // default 1000, so that CI runs the same fault sequences every time);
 // DSSLOCK_PARALLEL (schedules run at once, default 4: they mostly wait on
-// timers); DSSLOCK_VISUALIZE=1 (write the visualization of every schedule,
-// not only failing ones).
+// timers; on a shared or small machine, fewer, as a loaded machine changes
+// the interleavings); DSSLOCK_REPEAT (replay DSSLOCK_SEED this many times,
+// until the first failure; the regression seeds do not run);
+// DSSLOCK_VISUALIZE=1 (write the visualization of every schedule, not only
+// failing ones).
 package harness

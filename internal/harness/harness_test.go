@@ -3,12 +3,14 @@ package harness_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,6 +24,7 @@ import (
 	"github.com/dsslock/dsslock/fenced"
 	"github.com/dsslock/dsslock/hlc"
 	"github.com/dsslock/dsslock/leader"
+	"github.com/dsslock/dsslock/lock"
 	"github.com/dsslock/dsslock/sskv"
 	"github.com/dsslock/dsslock/sskv/localstore"
 )
@@ -34,11 +37,18 @@ import (
 //   - 1152: the leader's read lost its answer, and the harness's work waited
 //     the RequestTimeout for it while the term went on. Not a library bug:
 //     the work now bounds each request, as a careful user's would.
+//   - 1008: a leader's key was deleted by hand while its traffic was held;
+//     its own held renewal re-created the key, and the leader went on (as
+//     package lock documents). The check's exemption for that needed the
+//     observer to see the key come back, which leader.Observe no longer
+//     reports, and it flagged "a term outlived its key". Not a library bug:
+//     the check now reads the key (TestHeldRenewalRecreatesDeletedKey). Its
+//     faults still make this history in about one replay in ten.
 //
 // Adding the store restart, key deletion and redelivery faults changed the
-// draws: these seeds no longer replay the sequences that found those bugs,
-// but they still run first.
-var regressions = []int64{1084, 1152}
+// draws: 1084 and 1152 no longer replay the sequences that found those
+// bugs, but they still run first.
+var regressions = []int64{1008, 1084, 1152}
 
 // Timing of every schedule. The lease is short so that a schedule sees
 // several takeovers in a few seconds, and long enough that a renewal
@@ -50,6 +60,7 @@ const (
 	candidates    = 3
 	faultPhase    = 3 * time.Second        // faults are injected for this long
 	livenessLimit = 5 * time.Second        // a leader must write this soon after the faults are healed (half the client's RequestTimeout)
+	maxStall      = 10 * time.Second       // the most time the process stood still that the liveness check gives back
 	stopLimit     = 15 * time.Second       // Run must return this soon after its context ends
 	slowStop      = 3 * time.Second        // or the schedule's log and visualization are written
 	opPace        = 10 * time.Millisecond  // a leader's pause between read-modify-writes
@@ -95,28 +106,64 @@ func TestHarness(t *testing.T) {
 		n = 1 // replay
 	}
 	parallel := envInt(t, "DSSLOCK_PARALLEL", 4)
-	if n < 1 || parallel < 1 {
-		t.Fatalf("DSSLOCK_SCHEDULES=%d, DSSLOCK_PARALLEL=%d: both must be at least 1", n, parallel)
+	repeat := envInt(t, "DSSLOCK_REPEAT", 0)
+	if n < 1 || parallel < 1 || repeat < 0 {
+		t.Fatalf("DSSLOCK_SCHEDULES=%d, DSSLOCK_PARALLEL=%d, DSSLOCK_REPEAT=%d: the first two must be at least 1, the last not negative", n, parallel, repeat)
 	}
-	seeds := append([]int64(nil), regressions...)
-	for i := range n {
-		seeds = append(seeds, first+i)
+	// A run is a seed and, when it repeats one seed, the repetition's
+	// number (from 1; 0 otherwise).
+	type run struct{ seed, n int64 }
+	var runs []run
+	if repeat > 0 {
+		// One seed, replayed until the first failure: only its faults are
+		// the same every time, the interleavings differ.
+		for i := range repeat {
+			runs = append(runs, run{first, i + 1})
+		}
+		t.Logf("seed %d, %d times, %d at once, until the first failure", first, repeat, parallel)
+	} else {
+		for _, seed := range regressions {
+			runs = append(runs, run{seed, 0})
+		}
+		for i := range n {
+			runs = append(runs, run{first + i, 0})
+		}
+		t.Logf("seeds %d to %d (and %d regression seeds); replay one with DSSLOCK_SEED=<seed> go test -run Harness -v ./internal/harness",
+			first, first+n-1, len(regressions))
 	}
-	t.Logf("seeds %d to %d (and %d regression seeds); replay one with DSSLOCK_SEED=<seed> go test -run Harness -v ./internal/harness",
-		first, first+n-1, len(regressions))
 
 	var mu sync.Mutex
 	var total result
 	total.kinds = map[string]int{} // schedules with a fault of the kind
+	stalls := startStallMonitor()
+	defer stalls.Stop()
+	var failing []string // runName of each run that found violations
+	var failed atomic.Bool
+	ran := 0
 	slots := make(chan struct{}, parallel)
 	t.Run("schedules", func(t *testing.T) {
-		for _, seed := range seeds {
-			t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+		for _, rn := range runs {
+			name := fmt.Sprintf("seed=%d", rn.seed)
+			if rn.n > 0 {
+				name = fmt.Sprintf("seed=%d/run=%d", rn.seed, rn.n)
+			}
+			t.Run(name, func(t *testing.T) {
 				t.Parallel()
 				slots <- struct{}{}
 				defer func() { <-slots }()
-				r := runSchedule(t, seed, variant{})
+				if repeat > 0 && failed.Load() {
+					t.Skip("an earlier run of this seed failed")
+				}
+				seed := rn.seed
+				r := runSchedule(t, seed, rn.n, variant{}, stalls)
+				if len(r.violations) > 0 {
+					failed.Store(true)
+				}
 				mu.Lock()
+				ran++
+				if len(r.violations) > 0 {
+					failing = append(failing, runName(seed, rn.n))
+				}
 				total.ops += r.ops
 				total.faults += r.faults
 				for k := range r.kinds {
@@ -130,20 +177,47 @@ func TestHarness(t *testing.T) {
 				total.lateKeys += r.lateKeys
 				mu.Unlock()
 				for _, v := range r.violations {
-					t.Errorf("seed %d: %s", seed, v)
+					t.Errorf("%s: %s", runName(seed, rn.n), v)
 				}
 				if len(r.violations) > 0 {
-					t.Logf("replay: DSSLOCK_SEED=%d go test -run Harness -v ./internal/harness", seed)
+					t.Logf("replay: %s", replayCommand(seed))
 				}
 			})
 		}
 	})
-	t.Logf("schedules with each kind of fault (of %d): %s", len(seeds), kindCounts(total.kinds))
-	t.Logf("not violations, but worth a look: %d schedules slow to stop (over %v), %d terms that began before the previous one saw its end, %d keys of ended terms re-created by late requests",
+	t.Logf("schedules with each kind of fault (of %d): %s", ran, kindCounts(total.kinds))
+	t.Logf("not violations, but worth a look: %d schedules slow to stop (over %v), %d terms that began before the previous one saw its end, %d keys re-created by held-back requests of their own terms (ended, or going on with no other term between)",
 		total.slowStops, slowStop, total.overlaps, total.lateKeys)
-	fmt.Printf("harness: %d schedules, %d ops, %d faults, %d takeovers, %d stale rejected, %d violations\n",
-		len(seeds), total.ops, total.faults, total.takeovers, total.stale, len(total.violations))
+	line := fmt.Sprintf("harness: %d schedules, %d ops, %d faults, %d takeovers, %d stale rejected, %d violations",
+		ran, total.ops, total.faults, total.takeovers, total.stale, len(total.violations))
+	if d := stalls.within(time.Time{}, time.Now()); d > 0 {
+		t.Logf("the test process stood still for %v in all (pauses over %v)", d.Round(time.Millisecond), stallMin)
+	}
+	if len(failing) > 0 {
+		slices.Sort(failing)
+		line += fmt.Sprintf(" (in %s; each schedule's log and history are in %s, and every failure is listed in %s)",
+			strings.Join(failing, ", "), os.TempDir(), failuresFile())
+	}
+	fmt.Println(line)
 }
+
+// runName names a run of seed: its seed, and its repetition's number when
+// it repeats one seed (DSSLOCK_REPEAT).
+func runName(seed, n int64) string {
+	if n > 0 {
+		return fmt.Sprintf("seed %d (run %d)", seed, n)
+	}
+	return fmt.Sprintf("seed %d", seed)
+}
+
+// replayCommand is the command that replays seed.
+func replayCommand(seed int64) string {
+	return fmt.Sprintf("DSSLOCK_SEED=%d go test -run Harness -v ./internal/harness (DSSLOCK_REPEAT=200 replays it until it fails)", seed)
+}
+
+// failuresFile is where every failing schedule adds its violations, so that
+// a run whose output was lost still says what failed.
+func failuresFile() string { return filepath.Join(os.TempDir(), "dsslock-harness-failures.log") }
 
 // candidate is one contender: its own client, behind its own proxy.
 type candidate struct {
@@ -168,6 +242,7 @@ type variant struct {
 type schedule struct {
 	t      *testing.T
 	seed   int64
+	run    int64 // the repetition of seed (DSSLOCK_REPEAT), from 1; 0: not repeated
 	v      variant
 	rng    *rand.Rand // the fault loop's only
 	h      *history
@@ -182,7 +257,8 @@ type schedule struct {
 	offset  time.Duration      // the store's clock offset, kept across restarts
 	stores  int                // stores started
 
-	failures []string // of the harness itself (a store that could not restart); the fault loop's only
+	failures []string      // of the harness itself (a store that could not restart); the fault loop's only
+	stalls   *stallMonitor // when the process stood still; nil: not watched
 }
 
 // store returns the store running now, or nil while it restarts. Faults
@@ -250,8 +326,8 @@ func (s *schedule) setClockOffset(srv *localstore.Server, off time.Duration) {
 	srv.SetClockOffset(off)
 }
 
-func runSchedule(t *testing.T, seed int64, v variant) result {
-	s := &schedule{t: t, seed: seed, v: v, rng: rand.New(rand.NewPCG(uint64(seed), 0x64_73_73_6c_6f_63_6b)), h: newHistory()}
+func runSchedule(t *testing.T, seed, run int64, v variant, stalls *stallMonitor) result {
+	s := &schedule{t: t, seed: seed, run: run, v: v, stalls: stalls, rng: rand.New(rand.NewPCG(uint64(seed), 0x64_73_73_6c_6f_63_6b)), h: newHistory()}
 	s.logger = slog.New(slog.NewTextHandler(&s.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	s.h.log = s.logger.With("harness", seed)
 	s.logger.Info("schedule starts; at= in harness lines is the time since", "seed", seed)
@@ -298,6 +374,7 @@ func runSchedule(t *testing.T, seed int64, v variant) result {
 	}
 	defer observer.Close()
 	s.admin = observer
+	s.h.readKey = s.keyReader(ctx)
 
 	// Candidates campaign until runCtx ends; the observer reads and follows
 	// the election throughout, from before the first fault.
@@ -329,11 +406,27 @@ func runSchedule(t *testing.T, seed int64, v variant) result {
 		res.faults += n
 	}
 	res.violations = append(res.violations, s.failures...)
-	healed := s.h.now()
-	if !s.waitWrite(runCtx, healed, livenessLimit) {
+	healed, healedAt := s.h.now(), time.Now()
+	wrote := s.waitWrite(runCtx, healed, livenessLimit)
+	// Time the process itself stood still (see stallMonitor) is given
+	// back, up to maxStall: the library cannot act while it does not run.
+	stalled := s.stalls.within(healedAt, time.Now())
+	for !wrote && stalled > 0 && stalled <= maxStall {
+		wait := time.Until(healedAt.Add(livenessLimit + stalled))
+		if wait <= 0 {
+			break
+		}
+		wrote = s.waitWrite(runCtx, healed, wait)
+		stalled = s.stalls.within(healedAt, time.Now())
+	}
+	if !wrote {
 		st, err := leader.Leader(ctx, observer, election)
-		violate("no leader wrote within %v after the faults were healed (election: %+v, %v)", livenessLimit, st, err)
+		violate("no leader wrote within %v after the faults were healed, and the %v the test process stood still meanwhile (election: %+v, %v)",
+			livenessLimit, stalled.Round(time.Millisecond), st, err)
 		s.dumpGoroutines()
+	}
+	if stalled > 0 {
+		s.logger.Info("the test process stood still after the faults were healed", "harness", s.seed, "for", stalled)
 	}
 	recovered := time.Duration(s.h.now() - healed)
 	s.sleep(runCtx, settle)
@@ -375,7 +468,7 @@ func runSchedule(t *testing.T, seed int64, v variant) result {
 	res.violations = append(res.violations, observed...)
 	res.lateKeys = len(late)
 	for _, l := range late {
-		t.Logf("not a violation: %s, and that term had ended: a late request re-created its key", l)
+		t.Logf("not a violation: %s", l)
 	}
 	check, info := porcupine.CheckOperationsVerbose(registerModel, ops, checkLimit)
 	switch check {
@@ -389,15 +482,77 @@ func runSchedule(t *testing.T, seed int64, v variant) result {
 	if slow {
 		res.slowStops = 1
 	}
-	t.Logf("%d ops (%d in history: %d of unknown outcome), %d faults, %d terms, %d stale rejected, %d not sent after a term ended, %d other refusals; %d believed terms overlapped (longest %v); a leader wrote %v after healing; stopped in %v; linearizable: %s; %d states observed",
+	summary := fmt.Sprintf("%d ops (%d in history: %d of unknown outcome), %d faults, %d terms, %d stale rejected, %d not sent after a term ended, %d other refusals; %d believed terms overlapped (longest %v); a leader wrote %v after healing; stopped in %v; linearizable: %s; %d states observed; %d violations",
 		res.ops, len(ops), unknown, res.faults, len(s.h.terms), res.stale, notSent, refused, overlaps, longest,
-		recovered.Round(time.Millisecond), stopped.Round(time.Millisecond), check, s.h.observedStates())
+		recovered.Round(time.Millisecond), stopped.Round(time.Millisecond), check, s.h.observedStates(), len(res.violations))
+	t.Log(summary)
 
 	if len(res.violations) > 0 || slow || os.Getenv("DSSLOCK_VISUALIZE") != "" {
-		s.visualize(info)
-		s.writeLog()
+		s.evidence(res.violations, summary)
+		html := s.visualize(info, res.violations, summary)
+		logPath := s.writeLog()
+		if len(res.violations) > 0 && v == (variant{}) { // a variant's are wanted (see TestHarnessCatchesUnfencedWrites)
+			s.recordFailure(res.violations, html, logPath)
+		}
 	}
 	return res
+}
+
+// evidence ends the schedule's log with its violations, each with the
+// events its check was judged on, and its summary: a log kept without the
+// test's output still says what failed.
+func (s *schedule) evidence(violations []string, summary string) {
+	name := runName(s.seed, s.run)
+	fmt.Fprintf(&s.log, "\n--- %s: %d violations; each is the check that fired, and the events it was judged on ---\n", name, len(violations))
+	for i, v := range violations {
+		fmt.Fprintf(&s.log, "violation %d of %d: %s\n", i+1, len(violations), v)
+	}
+	fmt.Fprintf(&s.log, "--- %s: %s ---\nreplay: %s\n", name, summary, replayCommand(s.seed))
+}
+
+// recordFailure adds the schedule's violations, and where its evidence is,
+// to failuresFile.
+func (s *schedule) recordFailure(violations []string, html, logPath string) {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s: %d violations; history %s, log %s; replay: %s\n",
+		time.Now().UTC().Format(time.RFC3339), runName(s.seed, s.run), len(violations), html, logPath, replayCommand(s.seed))
+	for _, v := range violations {
+		fmt.Fprintf(&b, "  %s\n", strings.ReplaceAll(v, "\n", "\n  "))
+	}
+	f, err := os.OpenFile(failuresFile(), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err == nil {
+		_, err = f.WriteString(b.String())
+		err = errors.Join(err, f.Close())
+	}
+	if err != nil {
+		s.t.Logf("failures file: %v", err)
+	}
+}
+
+// fileName is the name of the schedule's files in os.TempDir, with ext.
+func (s *schedule) fileName(ext string) string {
+	if s.run > 0 {
+		return filepath.Join(os.TempDir(), fmt.Sprintf("dsslock-harness-%d-%d.%s", s.seed, s.run, ext))
+	}
+	return filepath.Join(os.TempDir(), fmt.Sprintf("dsslock-harness-%d.%s", s.seed, ext))
+}
+
+// keyReader returns the history's readKey: it reads the election's key
+// with the administrator's client, within ctx and opTimeout.
+func (s *schedule) keyReader(ctx context.Context) func() (hlc.Timestamp, string, error) {
+	return func() (hlc.Timestamp, string, error) {
+		rctx, cancel := context.WithTimeout(ctx, opTimeout)
+		defer cancel()
+		g, err := s.admin.Get(rctx, election)
+		if err != nil {
+			return hlc.Timestamp{}, "", err
+		}
+		if !g.Found {
+			return hlc.Timestamp{}, "missing", nil
+		}
+		h := lock.ParseHolder(g.Value, g.Version)
+		return h.Token, fmt.Sprintf("%s's record with token %v, at version %v", h.ID, h.Token, g.Version), nil
+	}
 }
 
 // kindCounts formats counts by fault kind, in the order of faultKinds.
@@ -553,9 +708,9 @@ func waitGroup(wg *sync.WaitGroup, limit time.Duration) bool {
 	}
 }
 
-// visualize writes porcupine's visualization of the history, with terms
-// and faults, and logs its path.
-func (s *schedule) visualize(info porcupine.LinearizationInfo) {
+// visualize writes porcupine's visualization of the history, with terms,
+// faults, the violations and the summary, logs its path and returns it.
+func (s *schedule) visualize(info porcupine.LinearizationInfo, violations []string, summary string) string {
 	s.h.mu.Lock()
 	ann := append([]porcupine.Annotation(nil), s.h.annotations...)
 	for _, r := range s.h.terms {
@@ -567,13 +722,22 @@ func (s *schedule) visualize(info porcupine.LinearizationInfo) {
 			Description: "term " + r.token.String(), BackgroundColor: "#d5f0d5"})
 	}
 	s.h.mu.Unlock()
+	end := s.h.now()
+	for i, v := range violations {
+		head, _, _ := strings.Cut(v, "\n")
+		ann = append(ann, porcupine.Annotation{Tag: "violations", Start: 0, End: end,
+			Description: fmt.Sprintf("violation %d of %d: %s", i+1, len(violations), head), Details: v, BackgroundColor: "#f08080"})
+	}
+	ann = append(ann, porcupine.Annotation{Tag: "summary", Start: 0, End: end,
+		Description: runName(s.seed, s.run) + ": " + summary, Details: summary, BackgroundColor: "#e0e0e0"})
 	info.AddAnnotations(ann)
-	path := filepath.Join(os.TempDir(), fmt.Sprintf("dsslock-harness-%d.html", s.seed))
+	path := s.fileName("html")
 	if err := porcupine.VisualizePath(registerModel, info, path); err != nil {
 		s.t.Logf("visualization: %v", err)
-		return
+		return ""
 	}
-	s.t.Logf("history of seed %d: %s", s.seed, path)
+	s.t.Logf("history of %s: %s", runName(s.seed, s.run), path)
+	return path
 }
 
 // dumpGoroutines appends the stacks of all goroutines to the schedule's log.
@@ -582,14 +746,16 @@ func (s *schedule) dumpGoroutines() {
 	_ = pprof.Lookup("goroutine").WriteTo(&s.log, 1)
 }
 
-// writeLog writes the schedule's log next to its visualization.
-func (s *schedule) writeLog() {
-	path := filepath.Join(os.TempDir(), fmt.Sprintf("dsslock-harness-%d.log", s.seed))
+// writeLog writes the schedule's log next to its visualization, and
+// returns its path.
+func (s *schedule) writeLog() string {
+	path := s.fileName("log")
 	if err := os.WriteFile(path, s.log.Bytes(), 0o644); err != nil {
 		s.t.Logf("log: %v", err)
-		return
+		return ""
 	}
-	s.t.Logf("store log of seed %d: %s", s.seed, path)
+	s.t.Logf("log of %s: %s", runName(s.seed, s.run), path)
+	return path
 }
 
 // lockedBuf is a buffer safe for concurrent writes.

@@ -101,6 +101,9 @@ type history struct {
 	lossGrace time.Duration         // see observations
 	log       *slog.Logger          // a line for each fault, term and observed state
 	delays    map[string][][2]int64 // by candidate: when faults held back or slowed its requests
+	// readKey reads the election's key: the token its record holds (zero
+	// if none), and what it holds, said for a report. nil: not read.
+	readKey func() (hlc.Timestamp, string, error)
 }
 
 func newHistory() *history {
