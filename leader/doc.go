@@ -38,7 +38,9 @@
 //     term's Context is cancelled and Err wraps [ErrLost] and
 //     lock.ErrRenewDeadline; the work has TTL - RenewDeadline to stop. A
 //     newer term found by a renewal or a fenced write (only this term's), or
-//     the key deleted behind its back (lock.ErrKeyLost), ends it at once.
+//     the key deleted behind its back (lock.ErrKeyLost), ends it at once;
+//     but a deletion that crosses a renewal held up in the network is
+//     undone by that renewal, and the term goes on (see package lock).
 //   - A term never outlives its key: after a reconnect, or when its watch
 //     lost track of the key, the leader reads its key before it writes
 //     again, and the term ends if the key is gone, at another version, or
@@ -79,9 +81,12 @@
 //   - A request whose answer is lost on a connection that stays up holds its
 //     caller until its deadline or the client's RequestTimeout: give the
 //     work's requests deadlines shorter than it may stall without harm.
-//   - The election key is not persisted: a store restart ends the term
-//     (once the leader reconnects and reads its key), and a new leader is
-//     elected about a TTL after the candidates reconnect. A candidate whose
+//   - Unless the store persists every key (localstore's PersistAll, the
+//     service's persistence mode All), a store restart loses the election
+//     key and ends the term (once the leader reconnects and reads its key),
+//     and a new leader is elected about a TTL after the candidates
+//     reconnect; with it, the leader confirms its key at the same version
+//     and its term goes on. A candidate whose
 //     first connection comes just after a restart campaigns at once; until
 //     the former leader has reconnected both may lead, but the former
 //     leader's fenced writes wait for its read, and so never go out.

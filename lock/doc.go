@@ -68,12 +68,14 @@
 //   - A lease is only as good as the holder's reaction to Done: work that
 //     ignores its context can run on after another holder took over. Fencing
 //     keeps its writes out of the keys it protects, not its effects elsewhere.
-//   - Lock keys live in the store's memory: a store restart ends every
-//     holding, and the lock is free again about a TTL after the waiters
-//     reconnect. A process whose first connection comes just after a restart
-//     may take the key before the former holder has reconnected; that
-//     holder's fenced writes wait for its read, and so never go out. Persist
-//     the keys written with a token that must survive a restart.
+//   - Unless the store persists every key (localstore's PersistAll, the
+//     service's mode All: holders then confirm their key and go on), a
+//     store restart loses lock keys and ends every holding; the lock is
+//     free again about a TTL after the waiters reconnect. A process whose
+//     first connection comes just after a restart may take the key before
+//     the former holder has reconnected; that holder's fenced writes wait
+//     for its read, and so never go out. Persist the keys written with a
+//     token that must survive a restart.
 //   - A key deleted by hand is re-created by the holder's next renewal
 //     without FenceKey, and with FenceKey too if the deletion crosses a
 //     renewal held up in the network. Do not delete a held lock's key.
