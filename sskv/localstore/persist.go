@@ -98,6 +98,25 @@ type batch struct {
 	ops  []diskOp
 	done chan struct{}
 	err  error // set before done closes
+	// undone holds the ids of the keys put back as they were when the
+	// batch failed (set with err by persister.fail; nil otherwise).
+	undone map[[sha256.Size]byte]struct{}
+}
+
+// failedFor reports whether the answer to a request on key, executed
+// while b was pending, must be MsgPersistFailed: b failed and undid a
+// write of key (the request's own, or one it saw), or failed without
+// undoing anything (the store closed). A request on another key stands:
+// nothing undid what it did or read.
+func (b *batch) failedFor(key string) bool {
+	if b.err == nil {
+		return false
+	}
+	if b.undone == nil {
+		return true
+	}
+	_, ok := b.undone[sha256.Sum256([]byte(key))]
+	return ok
 }
 
 func newBatch() *batch { return &batch{done: make(chan struct{})} }
@@ -378,7 +397,8 @@ func (p *persister) commit() {
 
 // fail undoes the writes of b and of every write queued after it (they
 // were executed on top of b's), most recent first, and ends them with err:
-// their requests are answered with MsgPersistFailed.
+// the requests on the keys undone are answered with MsgPersistFailed;
+// those on other keys that waited for b, as they were executed.
 func (p *persister) fail(b *batch, err error) {
 	p.storeMu.Lock()
 	defer p.storeMu.Unlock()
@@ -387,13 +407,17 @@ func (p *persister) fail(b *batch, err error) {
 	p.open = newBatch()
 	p.inflight = nil
 	p.mu.Unlock()
+	undone := make(map[[sha256.Size]byte]struct{}, len(b.ops)+len(later.ops))
 	for i := len(later.ops) - 1; i >= 0; i-- {
 		p.undo(&later.ops[i].undo)
+		undone[later.ops[i].id] = struct{}{}
 	}
 	for i := len(b.ops) - 1; i >= 0; i-- {
 		p.undo(&b.ops[i].undo)
+		undone[b.ops[i].id] = struct{}{}
 	}
 	b.err, later.err = err, err
+	b.undone, later.undone = undone, undone
 	close(b.done)
 	close(later.done)
 }
