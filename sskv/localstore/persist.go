@@ -199,6 +199,9 @@ func openPersister(dir string, log *slog.Logger, wall func() time.Time, load fun
 	// a crash. (Faults become panics only on this goroutine, which opens
 	// and loads the file.)
 	path := filepath.Join(dir, dataFile)
+	if err := createDataFile(path); err != nil {
+		return nil, err
+	}
 	var db *bolt.DB
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
@@ -289,6 +292,52 @@ func openPersister(dir string, log *slog.Logger, wall func() time.Time, load fun
 	}
 	p.hwm.Store(hwm)
 	return p, nil
+}
+
+// createDataFile makes a new, empty data file at path if there is none:
+// under another name, renamed into place once bbolt has written and synced
+// it. So a file at path is one the store finished creating, and an empty
+// one there is damage (a truncation, a failed copy), which fails the
+// start: bbolt would take it for a new database, and the store would
+// start empty.
+func createDataFile(path string) error {
+	fi, err := os.Stat(path)
+	switch {
+	case err == nil && fi.Size() == 0:
+		return fmt.Errorf("localstore: %s is empty: truncated? (move it away to start empty)", path)
+	case err == nil:
+		return nil
+	case !errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("localstore: %w", err)
+	}
+	tmp := path + ".new"
+	_ = os.Remove(tmp) // left by a store that died creating it
+	// Two stores started at once on a new directory race here: the one
+	// whose file another removed or holds fails as a second store would.
+	db, err := bolt.Open(tmp, 0o600, &bolt.Options{Timeout: 200 * time.Millisecond})
+	switch {
+	case errors.Is(err, bolterrors.ErrTimeout):
+		return fmt.Errorf("%w: another store is creating %s", ErrDataDirInUse, path)
+	case err != nil:
+		return fmt.Errorf("localstore: creating %s: %w", tmp, err)
+	}
+	if err := db.Close(); err != nil {
+		return fmt.Errorf("localstore: creating %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, path); errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("%w: another store is creating %s", ErrDataDirInUse, path)
+	} else if err != nil {
+		return fmt.Errorf("localstore: creating %s: %w", path, err)
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return fmt.Errorf("localstore: %w", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("localstore: syncing %s: %w", filepath.Dir(path), err)
+	}
+	return nil
 }
 
 // start runs the committer.
