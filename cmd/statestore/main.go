@@ -200,7 +200,7 @@ func configure(fs *flag.FlagSet, args []string) (*localstore.Config, *slog.Logge
 	maxRetained := fs.Int("max-retained-per-user", defaultMaxRetainedPerUser, "maximum retained messages of one user (0: no limit)")
 	maxRetainedBytes := fs.Int64("max-retained-bytes-per-user", defaultMaxRetainedBytesPerUser, "maximum `bytes` of one user's retained messages (0: no limit)")
 	dataDir := fs.String("data-dir", "", "`directory` of persisted keys (with -persist dynamic or all; created if missing, one store at a time)")
-	persist := fs.String("persist", "none", "which keys survive a restart, in -data-dir: `none`, dynamic (those whose SET carried aio-persistence: true) or all")
+	persist := fs.String("persist", "none", "persistence `mode`, which keys survive a restart in -data-dir: none, dynamic (those whose SET carried aio-persistence: true) or all")
 	verbose := fs.Bool("v", false, "log every connection and broker event")
 	version := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {

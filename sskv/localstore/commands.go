@@ -29,6 +29,7 @@ type result struct {
 	payload []byte
 	version hlc.Timestamp
 	wait    *batch
+	key     string // the request's key, set with wait: should wait fail, whether the request saw an undone write
 }
 
 func errResult(msg string) result {

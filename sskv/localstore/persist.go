@@ -98,6 +98,25 @@ type batch struct {
 	ops  []diskOp
 	done chan struct{}
 	err  error // set before done closes
+	// undone holds the ids of the keys put back as they were when the
+	// batch failed (set with err by persister.fail; nil otherwise).
+	undone map[[sha256.Size]byte]struct{}
+}
+
+// failedFor reports whether the answer to a request on key, executed
+// while b was pending, must be MsgPersistFailed: b failed and undid a
+// write of key (the request's own, or one it saw), or failed without
+// undoing anything (the store closed). A request on another key stands:
+// nothing undid what it did or read.
+func (b *batch) failedFor(key string) bool {
+	if b.err == nil {
+		return false
+	}
+	if b.undone == nil {
+		return true
+	}
+	_, ok := b.undone[sha256.Sum256([]byte(key))]
+	return ok
 }
 
 func newBatch() *batch { return &batch{done: make(chan struct{})} }
@@ -180,6 +199,9 @@ func openPersister(dir string, log *slog.Logger, wall func() time.Time, load fun
 	// a crash. (Faults become panics only on this goroutine, which opens
 	// and loads the file.)
 	path := filepath.Join(dir, dataFile)
+	if err := createDataFile(path); err != nil {
+		return nil, err
+	}
 	var db *bolt.DB
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
@@ -270,6 +292,52 @@ func openPersister(dir string, log *slog.Logger, wall func() time.Time, load fun
 	}
 	p.hwm.Store(hwm)
 	return p, nil
+}
+
+// createDataFile makes a new, empty data file at path if there is none:
+// under another name, renamed into place once bbolt has written and synced
+// it. So a file at path is one the store finished creating, and an empty
+// one there is damage (a truncation, a failed copy), which fails the
+// start: bbolt would take it for a new database, and the store would
+// start empty.
+func createDataFile(path string) error {
+	fi, err := os.Stat(path)
+	switch {
+	case err == nil && fi.Size() == 0:
+		return fmt.Errorf("localstore: %s is empty: truncated? (move it away to start empty)", path)
+	case err == nil:
+		return nil
+	case !errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("localstore: %w", err)
+	}
+	tmp := path + ".new"
+	_ = os.Remove(tmp) // left by a store that died creating it
+	// Two stores started at once on a new directory race here: the one
+	// whose file another removed or holds fails as a second store would.
+	db, err := bolt.Open(tmp, 0o600, &bolt.Options{Timeout: 200 * time.Millisecond})
+	switch {
+	case errors.Is(err, bolterrors.ErrTimeout):
+		return fmt.Errorf("%w: another store is creating %s", ErrDataDirInUse, path)
+	case err != nil:
+		return fmt.Errorf("localstore: creating %s: %w", tmp, err)
+	}
+	if err := db.Close(); err != nil {
+		return fmt.Errorf("localstore: creating %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, path); errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("%w: another store is creating %s", ErrDataDirInUse, path)
+	} else if err != nil {
+		return fmt.Errorf("localstore: creating %s: %w", path, err)
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return fmt.Errorf("localstore: %w", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("localstore: syncing %s: %w", filepath.Dir(path), err)
+	}
+	return nil
 }
 
 // start runs the committer.
@@ -378,7 +446,8 @@ func (p *persister) commit() {
 
 // fail undoes the writes of b and of every write queued after it (they
 // were executed on top of b's), most recent first, and ends them with err:
-// their requests are answered with MsgPersistFailed.
+// the requests on the keys undone are answered with MsgPersistFailed;
+// those on other keys that waited for b, as they were executed.
 func (p *persister) fail(b *batch, err error) {
 	p.storeMu.Lock()
 	defer p.storeMu.Unlock()
@@ -387,13 +456,17 @@ func (p *persister) fail(b *batch, err error) {
 	p.open = newBatch()
 	p.inflight = nil
 	p.mu.Unlock()
+	undone := make(map[[sha256.Size]byte]struct{}, len(b.ops)+len(later.ops))
 	for i := len(later.ops) - 1; i >= 0; i-- {
 		p.undo(&later.ops[i].undo)
+		undone[later.ops[i].id] = struct{}{}
 	}
 	for i := len(b.ops) - 1; i >= 0; i-- {
 		p.undo(&b.ops[i].undo)
+		undone[b.ops[i].id] = struct{}{}
 	}
 	b.err, later.err = err, err
+	b.undone, later.undone = undone, undone
 	close(b.done)
 	close(later.done)
 }

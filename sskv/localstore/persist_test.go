@@ -220,3 +220,36 @@ func TestPersistBadStart(t *testing.T) {
 		t.Error("DataDir without Persist: no error")
 	}
 }
+
+// TestPersistEmptyDataFile: a data file cut to nothing (a truncation, a
+// failed copy) fails the start, naming the file, as one cut anywhere else
+// does; it is not taken for a new store and started empty. A directory
+// without a data file still starts empty, and keeps what it is given.
+func TestPersistEmptyDataFile(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "statestore.db"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := localstore.Start(localstore.Config{Persist: localstore.PersistAll, DataDir: dir})
+	if err == nil {
+		_ = srv.Close()
+		t.Fatal("a store started on an empty data file")
+	}
+	if !strings.Contains(err.Error(), "statestore.db") {
+		t.Fatalf("Start on an empty data file: %v, want an error naming the file", err)
+	}
+
+	fresh := t.TempDir()
+	srv = startPersisting(t, localstore.PersistAll, fresh)
+	c := storetest.Dial(t, srv.Addr())
+	if _, err := c.Set(storetest.Ctx(t), "k", []byte("v"), sskv.SetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	restart(t, srv)
+	if r := mustGet(t, c, "k"); string(r.Value) != "v" {
+		t.Fatalf("a key in a new data directory after a restart: %+v", r)
+	}
+	if names, _ := filepath.Glob(filepath.Join(fresh, "*")); len(names) != 1 {
+		t.Errorf("the data directory holds %v, want the data file alone", names)
+	}
+}

@@ -162,7 +162,7 @@ func (s *Server) answerDurable(cl *mqtt.Client, topic string, corr []byte, res r
 	go func() {
 		defer s.bg.Done()
 		<-b.done
-		if b.err != nil {
+		if b.failedFor(res.key) {
 			res = errResult(MsgPersistFailed)
 		}
 		if !s.closed.Load() {

@@ -650,7 +650,7 @@ func (s *Server) handleRequest(cl *mqtt.Client, pk packets.Packet) error {
 			s.answerDurable(cl, respTopic, corr, res)
 			return nil
 		}
-		if b.err != nil {
+		if b.failedFor(res.key) {
 			res = errResult(MsgPersistFailed)
 		}
 	}
@@ -714,7 +714,9 @@ func (s *Server) serve(cl clientRef, user string, payload []byte, props []packet
 		}
 	}
 	res := s.execute(cl, &req)
-	res.wait = s.durableAfter()
+	if res.wait = s.durableAfter(); res.wait != nil && len(req.args) > 1 {
+		res.key = string(req.args[1])
+	}
 	if keep {
 		s.answered.keep(key, slot, res, answerWindow(rep.expiry), time.Now())
 	}
