@@ -59,16 +59,31 @@ type ConnSource interface {
 // Writer writes keys through an sskv client, fenced with the token of its
 // source. It is safe for concurrent use.
 type Writer struct {
-	c   *sskv.Client
-	src TokenSource
+	c       *sskv.Client
+	src     TokenSource
+	persist bool
 }
+
+// An Option changes what a Writer does (see New).
+type Option func(*Writer)
+
+// Persist makes every SET the Writer sends (Set's, and Edit's write back)
+// ask the store to persist the key (sskv.SetOptions.Persist). A store
+// with dynamic persistence takes a key off disk at a SET without it, so
+// keys that must survive a broker restart are written by a Writer with
+// Persist.
+func Persist() Option { return func(w *Writer) { w.persist = true } }
 
 // New returns a Writer that writes through c with src's token. If src is a
 // ConnSource, every write waits for src to have confirmed its key after a
 // reconnect, and goes through the connection src gives when it is one of c's
 // (as when the Writer uses its lock's client).
-func New(c *sskv.Client, src TokenSource) *Writer {
-	return &Writer{c: c, src: src}
+func New(c *sskv.Client, src TokenSource, opts ...Option) *Writer {
+	w := &Writer{c: c, src: src}
+	for _, o := range opts {
+		o(w)
+	}
+	return w
 }
 
 // store is what a write is sent through: the client, or one connection of
@@ -139,6 +154,7 @@ func (w *Writer) Set(ctx context.Context, key string, value []byte, opts sskv.Se
 
 func (w *Writer) set(ctx context.Context, via store, op, key string, value []byte, opts sskv.SetOptions, t hlc.Timestamp) (sskv.SetResult, error) {
 	opts.FencingToken = t
+	opts.Persist = opts.Persist || w.persist
 	res, err := via.Set(ctx, key, value, opts)
 	if err != nil {
 		return res, w.refused(op, key, t, err)

@@ -11,10 +11,10 @@ import (
 )
 
 // A data key written with a fencing token and persisted (the keys the
-// docs say to persist) stays persisted through the Writer's Edit: with
-// dynamic persistence a SET without aio-persistence: true takes a key off
-// disk, so an Edit that dropped the property would lose the key at the
-// next broker restart, though every write of it asked for persistence.
+// docs say to persist) by a Writer with Persist stays persisted through
+// its Edit: with dynamic persistence a SET without aio-persistence: true
+// takes a key off disk, so an Edit that dropped the property would lose
+// the key at the next broker restart.
 func TestEditKeepsPersistedKey(t *testing.T) {
 	srv, err := localstore.Start(localstore.Config{Persist: localstore.PersistDynamic, DataDir: t.TempDir()})
 	if err != nil {
@@ -23,8 +23,8 @@ func TestEditKeepsPersistedKey(t *testing.T) {
 	t.Cleanup(func() { _ = srv.Close() })
 	c := dial(t, srv.Addr())
 	l := acquire(t, c, lock.Config{Name: "l"})
-	w := fenced.New(c, l)
-	if _, err := w.Set(testCtx(t), "data", []byte("1"), sskv.SetOptions{Persist: true}); err != nil {
+	w := fenced.New(c, l, fenced.Persist())
+	if _, err := w.Set(testCtx(t), "data", []byte("1"), sskv.SetOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := w.Edit(testCtx(t), "data", func(v []byte, _ bool) ([]byte, error) {
