@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -37,14 +35,7 @@ type keyLog struct {
 // token older than the last acknowledged one; and versions issued are
 // above every version seen before the kill.
 func TestStandaloneKill9ClientsDelFence(t *testing.T) {
-	rounds := 5
-	if s := os.Getenv("DSSLOCK_KILL_ROUNDS"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil {
-			t.Fatalf("DSSLOCK_KILL_ROUNDS: %v", err)
-		}
-		rounds = n
-	}
+	rounds := killRounds(t)
 	dir, addr := t.TempDir(), freeAddr(t)
 	args := []string{"-data-dir", dir, "-persist", "all"}
 	const writers, keysPerWriter = 8, 3

@@ -80,6 +80,21 @@ func (p *persistProc) kill() {
 	<-p.exited
 }
 
+// killRounds is the number of kills of a kill -9 test: DSSLOCK_KILL_ROUNDS,
+// default 5.
+func killRounds(t *testing.T) int {
+	t.Helper()
+	s := os.Getenv("DSSLOCK_KILL_ROUNDS")
+	if s == "" {
+		return 5
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		t.Fatalf("DSSLOCK_KILL_ROUNDS=%q: want a count of kills", s)
+	}
+	return n
+}
+
 // acked is the newest acknowledged write of a key.
 type acked struct {
 	version hlc.Timestamp
@@ -94,14 +109,7 @@ type acked struct {
 // DSSLOCK_KILL_ROUNDS sets the number of kills (default 5; the issue asks
 // for at least 100).
 func TestStandaloneKill9(t *testing.T) {
-	rounds := 5
-	if s := os.Getenv("DSSLOCK_KILL_ROUNDS"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil {
-			t.Fatalf("DSSLOCK_KILL_ROUNDS: %v", err)
-		}
-		rounds = n
-	}
+	rounds := killRounds(t)
 	dir, addr := t.TempDir(), freeAddr(t)
 	args := []string{"-data-dir", dir, "-persist", "dynamic"}
 	const writers, keysPerWriter = 16, 2
