@@ -184,10 +184,19 @@ func (e *env) newClient(name string) *client {
 // newClientAt is newClient through host:port (a proxy in front of the store,
 // say) instead of the store's own address.
 func (e *env) newClientAt(name, host string, port uint16) *client {
+	e.t.Helper()
+	return e.newClientID(fmt.Sprintf("interop-%s-%s", name, randHex(4)), host, port, false)
+}
+
+// newClientID is newClientAt with the MQTT client id given, as a pod with a
+// fixed AIO_MQTT_CLIENT_ID has. The SDK's defaults are kept: no clean start,
+// the longest session expiry. With holdAcks, the client never acknowledges
+// a message it gets (the SDK acknowledges one only when every message
+// handler has), as a process that is killed before it did.
+func (e *env) newClientID(id, host string, port uint16, holdAcks bool) *client {
 	t := e.t
 	t.Helper()
 
-	id := fmt.Sprintf("interop-%s-%s", name, randHex(4))
 	logger := slog.New(slog.NewTextHandler(
 		e.sdkLog.writer(""),
 		&slog.HandlerOptions{Level: slog.LevelDebug},
@@ -215,6 +224,9 @@ func (e *env) newClientAt(name, host string, port uint16) *client {
 	)
 	if err != nil {
 		t.Fatalf("mqtt.NewSessionClient: %v", err)
+	}
+	if holdAcks {
+		t.Cleanup(mc.RegisterMessageHandler(func(context.Context, *mqtt.Message) {}))
 	}
 	return e.startClient(id, app, mc, logger)
 }

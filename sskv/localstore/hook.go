@@ -56,9 +56,9 @@ func (h *hook) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) bool {
 
 // OnPacketRead notes when each PUBLISH from a client was read, the moment
 // its Message Expiry Interval counts from (see Server.handleRequest), and
-// gives each QoS 1 PUBLISH a packet id of the store's choosing, so that the
-// broker's handling of it cannot remove a message to the client from the
-// client's session (see packetid.go).
+// gives each QoS 1 PUBLISH, SUBSCRIBE and UNSUBSCRIBE a packet id of the
+// store's choosing, so that the broker does not take the client's packet ids
+// for the ids of its own messages to the client (see packetid.go).
 func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
 	if dc, ok := cl.Net.Conn.(*deadlineConn); ok && pk.FixedHeader.Type == packets.Publish {
 		dc.readAt = time.Now()
@@ -70,8 +70,8 @@ func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet,
 //   - A CONNACK refusing a client that authenticated but was not admitted
 //     (see Server.admit) says 0x87, not authorized, and why, where the broker
 //     would say bad user name or password.
-//   - A PUBACK carries the packet id the client gave its PUBLISH, not the one
-//     the store handled it under (see OnPacketRead).
+//   - A PUBACK, SUBACK or UNSUBACK carries the packet id the client gave its
+//     packet, not the one the store handled it under (see OnPacketRead).
 //   - A client that sets Request Problem Information to 0 (paho's default)
 //     must still get user properties on PUBLISH [MQTT-3.1.2-29]; the broker
 //     strips them from every packet, which would remove __stat and __ts.
@@ -87,12 +87,10 @@ func (h *hook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet
 	switch pk.FixedHeader.Type {
 	case packets.Publish:
 		pk.Mods.DisallowProblemInfo = false
-	case packets.Puback:
-		if dc, ok := cl.Net.Conn.(*deadlineConn); ok {
-			pk.PacketID = dc.clientPacketID(pk.PacketID)
-		}
+	case packets.Puback, packets.Unsuback:
+		pk = restoreClientPacketID(cl, pk)
 	case packets.Suback:
-		pk = fixSuback(cl, pk)
+		pk = restoreClientPacketID(cl, fixSuback(cl, pk)) // fixSuback knows the id the broker handled it under
 	}
 	if pk.FixedHeader.Type == packets.Connack && pk.ReasonCode != packets.CodeSuccess.Code &&
 		cl.Properties.ProtocolVersion == 5 { // MQTT 3 has one code for both: 5, not authorized

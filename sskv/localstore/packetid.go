@@ -29,6 +29,19 @@ import (
 // give one for a long time, and puts the client's id back on the PUBACK
 // (OnPacketEncode). QoS 2 PUBLISHes, which state store clients do not send,
 // are left as they are: their flow keeps the id in the map until PUBREL.
+//
+// SUBSCRIBE and UNSUBSCRIBE are renumbered the same way, and their SUBACK and
+// UNSUBACK get the client's id back: the broker answers one whose id is in
+// the client's in-flight map with 0x91, packet identifier in use, for every
+// filter, although the message holding that id may be one the store sent the
+// client. A process that restarts with the same client id and resumes its
+// session (the Azure IoT Operations Go SDK does by default) gets the messages
+// it left unacknowledged again, ids 1, 2, ..., and numbers its own packets
+// from 1: its first SUBSCRIBE was refused, and the SDK did not start. A
+// client may do that even on a live connection, as it acknowledges a message
+// after handling it. Only a QoS 2 PUBLISH of the client's own that is still
+// unfinished makes the id in use [MQTT-2.2.1-3]; such a SUBSCRIBE keeps its
+// id, and the broker's 0x91.
 
 // inbound is the QoS 1 PUBLISH of a connection being handled: the packet id
 // the client gave it (high 16 bits) and the one the broker handles it under
@@ -47,10 +60,32 @@ func (c *deadlineConn) clientPacketID(id uint16) uint16 {
 	return id
 }
 
-// renumberInbound gives a QoS 1 PUBLISH from the client a packet id of the
-// store's choosing for the broker to handle it under.
+// restoreClientPacketID puts the client's packet id back on pk, the
+// acknowledgement of a packet the broker handled under another id.
+func restoreClientPacketID(cl *mqtt.Client, pk packets.Packet) packets.Packet {
+	if dc, ok := cl.Net.Conn.(*deadlineConn); ok {
+		pk.PacketID = dc.clientPacketID(pk.PacketID)
+	}
+	return pk
+}
+
+// renumberInbound gives a QoS 1 PUBLISH, a SUBSCRIBE or an UNSUBSCRIBE from
+// the client a packet id of the store's choosing for the broker to handle it
+// under.
 func renumberInbound(cl *mqtt.Client, pk packets.Packet) packets.Packet {
-	if pk.FixedHeader.Type != packets.Publish || pk.FixedHeader.Qos != 1 || cl.Net.Inline {
+	if cl.Net.Inline || pk.PacketID == 0 {
+		return pk
+	}
+	switch pk.FixedHeader.Type {
+	case packets.Publish:
+		if pk.FixedHeader.Qos != 1 {
+			return pk
+		}
+	case packets.Subscribe, packets.Unsubscribe:
+		if m, ok := cl.State.Inflight.Get(pk.PacketID); ok && m.FixedHeader.Type == packets.Pubrec {
+			return pk // the id of the client's own unfinished QoS 2 PUBLISH: in use
+		}
+	default:
 		return pk
 	}
 	dc, ok := cl.Net.Conn.(*deadlineConn)
