@@ -172,3 +172,45 @@ func TestPubackCarriesClientPacketID(t *testing.T) {
 		}
 	}
 }
+
+// A SUBSCRIBE or UNSUBSCRIBE may carry the packet id of a message the store
+// sent the client that the client has not acknowledged yet: the two
+// directions number their packets independently [MQTT-2.2.1-3]. The broker
+// (mochi-mqtt v2.7.9) answered it with 0x91, packet identifier in use, as it
+// keeps both directions in one map; an SDK process restarted with the same
+// client id then failed to subscribe (interop's TestRestartSameClientID).
+// Only the client's own unfinished QoS 2 PUBLISH makes its id in use.
+func TestSubscribeIDIndependentOfStoreMessages(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	rc := dialRaw(t, srv.Addr(), 0)
+	rc.connectSession("sub-ids", true)
+	topic := "clients/sub-ids/response"
+	rc.subscribe(topic)
+	rc.write(rc.request(2, topic, "SET", "k", "v"))
+	resp := rc.awaitResponse(topic, 2) // left unacknowledged
+	id := resp.PacketID
+
+	rc.write(&packets.Subscribe{PacketID: id, Subscriptions: []packets.SubOptions{{Topic: "other/topic", QoS: 1}},
+		Properties: &packets.Properties{}})
+	sa, ok := rc.read().Content.(*packets.Suback)
+	if !ok || sa.PacketID != id || len(sa.Reasons) != 1 || sa.Reasons[0] != 1 {
+		t.Fatalf("SUBSCRIBE with id %d (that of an unacknowledged message to the client): got %+v, want SUBACK id %d granting QoS 1", id, sa, id)
+	}
+	rc.write(&packets.Unsubscribe{PacketID: id, Topics: []string{"other/topic"}, Properties: &packets.Properties{}})
+	ua, ok := rc.read().Content.(*packets.Unsuback)
+	if !ok || ua.PacketID != id || len(ua.Reasons) != 1 || ua.Reasons[0] != 0 {
+		t.Fatalf("UNSUBSCRIBE with id %d: got %+v, want UNSUBACK id %d success", id, ua, id)
+	}
+
+	// The client's own QoS 2 PUBLISH, PUBREL not sent yet: its id is in use.
+	rc.write(&packets.Publish{QoS: 2, PacketID: 900, Topic: "plain/topic", Payload: []byte("x"), Properties: &packets.Properties{}})
+	if pr, ok := rc.read().Content.(*packets.Pubrec); !ok || pr.PacketID != 900 {
+		t.Fatalf("QoS 2 PUBLISH: got %+v, want PUBREC id 900", pr)
+	}
+	rc.write(&packets.Subscribe{PacketID: 900, Subscriptions: []packets.SubOptions{{Topic: "other/topic", QoS: 1}},
+		Properties: &packets.Properties{}})
+	sa, ok = rc.read().Content.(*packets.Suback)
+	if !ok || sa.PacketID != 900 || len(sa.Reasons) != 1 || sa.Reasons[0] != 0x91 {
+		t.Fatalf("SUBSCRIBE with the id of the client's unfinished QoS 2 PUBLISH: got %+v, want SUBACK id 900 with 0x91", sa)
+	}
+}
