@@ -244,7 +244,7 @@ type deadlineConn struct {
 	closing  sync.Once
 	gate     gate
 	lastOut  atomic.Uint32               // packet id of the newest QoS message to the client (see packetid.go)
-	inbound  atomic.Uint32               // the QoS 1 PUBLISH from the client being handled (see setInbound)
+	inbound  atomic.Uint32               // the client packet being handled under another id (see setInbound)
 	readAt   time.Time                   // when the PUBLISH being handled was read; only the connection's read goroutine uses it
 	client   atomic.Pointer[mqtt.Client] // the broker's client, once its session is set up
 	refusal  string                      // why the store refuses the client's CONNECT (see hook.OnConnectAuthenticate); only the connection's goroutine uses it

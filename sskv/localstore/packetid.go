@@ -43,7 +43,8 @@ import (
 // unfinished makes the id in use [MQTT-2.2.1-3]; such a SUBSCRIBE keeps its
 // id, and the broker's 0x91.
 
-// inbound is the QoS 1 PUBLISH of a connection being handled: the packet id
+// inbound is the QoS 1 PUBLISH, SUBSCRIBE or UNSUBSCRIBE of a connection
+// being handled: the packet id
 // the client gave it (high 16 bits) and the one the broker handles it under
 // (low 16 bits). 0: none yet. Only the connection's read goroutine sets it.
 func (c *deadlineConn) setInbound(clientID, asID uint16) {
@@ -73,7 +74,7 @@ func restoreClientPacketID(cl *mqtt.Client, pk packets.Packet) packets.Packet {
 // the client a packet id of the store's choosing for the broker to handle it
 // under.
 func renumberInbound(cl *mqtt.Client, pk packets.Packet) packets.Packet {
-	if cl.Net.Inline || pk.PacketID == 0 {
+	if cl.Net.Inline || pk.PacketID == 0 { // no id: the broker refuses the packet as it is
 		return pk
 	}
 	switch pk.FixedHeader.Type {
