@@ -44,9 +44,9 @@ import (
 // id, and the broker's 0x91.
 
 // inbound is the QoS 1 PUBLISH, SUBSCRIBE or UNSUBSCRIBE of a connection
-// being handled: the packet id
-// the client gave it (high 16 bits) and the one the broker handles it under
-// (low 16 bits). 0: none yet. Only the connection's read goroutine sets it.
+// being handled: the packet id the client gave it (high 16 bits) and the one
+// the broker handles it under (low 16 bits). 0: none yet. Only the
+// connection's read goroutine sets it.
 func (c *deadlineConn) setInbound(clientID, asID uint16) {
 	c.inbound.Store(uint32(clientID)<<16 | uint32(asID))
 }
