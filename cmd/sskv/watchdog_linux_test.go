@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"io"
 	"os"
 	"os/exec"
@@ -136,7 +137,12 @@ func TestLockStoppedEndsCommandTree(t *testing.T) {
 		if len(stopped)%2 == 0 {
 			sig = syscall.SIGKILL
 		}
-		if err := c.cmd.Process.Signal(sig); err != nil {
+		if err := c.cmd.Process.Signal(sig); errors.Is(err, os.ErrProcessDone) {
+			// It ended before it could be woken (a SIGSTOP that came
+			// after it exited on its own, on a busy machine): nothing to
+			// wake; the journal's checks still judge the round.
+			t.Logf("%s: %v: it had ended already; stderr %q", c.id, sig, c.stderr)
+		} else if err != nil {
 			t.Fatalf("%s: %v: %v", c.id, sig, err)
 		}
 	}
