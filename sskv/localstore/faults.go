@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	mqtt "github.com/dsslock/dsslock/sskv/localstore/internal/mochi"
+	mqtt "github.com/mochi-mqtt/server/v2"
 )
 
 // Direction selects which traffic of a client's connection Hold stops.

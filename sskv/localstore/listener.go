@@ -14,10 +14,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/listeners"
 	"github.com/mochi-mqtt/server/v2/packets"
-
-	mqtt "github.com/dsslock/dsslock/sskv/localstore/internal/mochi"
 )
 
 // connectTimeout bounds how long a new connection may take to send CONNECT.
@@ -75,29 +74,23 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 		_ = dc.SetDeadline(time.Now().Add(connectTimeout))
 		go func() {
 			defer l.wg.Done()
-			l.ended(dc, l.establish(establish, dc))
+			err := l.establish(establish, dc)
+			_ = dc.Close()
+			l.s.connectionDone(dc)
+			dc.linger(lingerTimeout)
+			l.mu.Lock()
+			delete(l.conns, dc)
+			l.mu.Unlock()
+			switch {
+			case errors.Is(err, errDecoderPanicked):
+				l.s.log.Warn("closed connection: malformed packet", "remote", dc.RemoteAddr().String(), "error", err)
+			case errors.Is(err, packets.ErrPacketTooLarge):
+				l.s.log.Warn("closed connection: packet larger than the maximum packet size",
+					"remote", dc.RemoteAddr().String(), "max_packet_size", l.s.cfg.MaxPacketSize)
+			case err != nil:
+				l.s.log.Debug("connection ended", "remote", dc.RemoteAddr().String(), "error", err)
+			}
 		}()
-	}
-}
-
-// ended cleans up after the connection dc, whose handling ended with err.
-// (Not in Serve's goroutine: its frame would sit on every idle
-// connection's stack.)
-func (l *listener) ended(dc *deadlineConn, err error) {
-	_ = dc.Close()
-	l.s.connectionDone(dc)
-	dc.linger(lingerTimeout)
-	l.mu.Lock()
-	delete(l.conns, dc)
-	l.mu.Unlock()
-	switch {
-	case errors.Is(err, errDecoderPanicked):
-		l.s.log.Warn("closed connection: malformed packet", "remote", dc.RemoteAddr().String(), "error", err)
-	case errors.Is(err, packets.ErrPacketTooLarge):
-		l.s.log.Warn("closed connection: packet larger than the maximum packet size",
-			"remote", dc.RemoteAddr().String(), "max_packet_size", l.s.cfg.MaxPacketSize)
-	case err != nil:
-		l.s.log.Debug("connection ended", "remote", dc.RemoteAddr().String(), "error", err)
 	}
 }
 
@@ -113,16 +106,7 @@ func (l *listener) ended(dc *deadlineConn, err error) {
 func (l *listener) establish(fn listeners.EstablishFn, dc *deadlineConn) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			// The CONNECT handshake runs on a goroutine of its own, and
-			// the broker raises its panic again here, with its stack.
-			var pcs []uintptr
-			if hp, ok := p.(*mqtt.HandshakePanic); ok {
-				pcs = hp.Stack
-			} else {
-				pcs = make([]uintptr, 64)
-				pcs = pcs[:runtime.Callers(2, pcs)]
-			}
-			if !panicIn(pcs, decoderPackage) {
+			if !panicIn(decoderPackage) {
 				panic(p)
 			}
 			err = fmt.Errorf("%w: %v", errDecoderPanicked, p)
@@ -137,13 +121,13 @@ const decoderPackage = "github.com/mochi-mqtt/server/v2/packets."
 
 var errDecoderPanicked = errors.New("localstore: the broker's packet decoder panicked on a malformed packet")
 
-// panicIn reports whether the panic whose stack pcs holds was raised in a
-// function whose name begins with prefix. Taken in a deferred function
-// that recovers, runtime.Callers gives the stack as it was when the panic
-// began: the first frame below runtime.gopanic that is not the runtime's
-// own is where it was raised.
-func panicIn(pcs []uintptr, prefix string) bool {
-	frames := runtime.CallersFrames(pcs)
+// panicIn reports whether the panic being recovered was raised in a function
+// whose name begins with prefix. Called from a deferred function, it sees
+// the stack as it was when the panic began: the first frame below
+// runtime.gopanic that is not the runtime's own is where it was raised.
+func panicIn(prefix string) bool {
+	pcs := make([]uintptr, 64)
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(2, pcs)])
 	below := false
 	for {
 		f, more := frames.Next()
