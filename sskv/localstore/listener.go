@@ -248,6 +248,14 @@ type deadlineConn struct {
 	// them (guarded by wmu).
 	ackWait atomic.Pointer[batch]
 	durable []heldAck
+
+	// heldOut is what was written while FromStore was held (see
+	// Server.Hold), in order, to go out before any later write; heldBy is
+	// the write deadline of its first byte, when heldTimer ends the
+	// connection if it is still held back (guarded by wmu).
+	heldOut   []byte
+	heldBy    time.Time
+	heldTimer *time.Timer
 }
 
 // heldAck is a PUBACK waiting for writes to disk (b; nil: for those of the
@@ -273,12 +281,12 @@ var errWriteTimedOut = errors.New("localstore: an earlier write timed out; conne
 // not held (see Server.Hold). A read does not start while reads are held; one
 // in progress when the hold begins keeps what it gets until the hold ends.
 func (c *deadlineConn) Read(b []byte) (int, error) {
-	if err := c.await(ToStore, time.Time{}); err != nil {
+	if err := c.awaitReads(); err != nil {
 		return 0, err
 	}
 	n, err := c.Conn.Read(b)
 	if n > 0 {
-		if herr := c.await(ToStore, time.Time{}); herr != nil {
+		if herr := c.awaitReads(); herr != nil {
 			return 0, herr // the connection ends: what was read does not matter
 		}
 	}
@@ -409,6 +417,15 @@ func (c *deadlineConn) flushAcks() {
 }
 
 // write writes b to the socket, as Write describes. The caller holds c.wmu.
+//
+// While FromStore is held, b is kept in c.heldOut and the write returns at
+// once, as a write into a frozen network path's buffers would: the broker
+// writes some packets (PUBACKs) on the connection's read goroutine, which
+// must go on reading and executing the client's requests while their
+// answers are held. What was held back goes out first once the hold ends,
+// bounded by the write deadline of the first byte held; if the hold lasts
+// past it, the connection is closed then, as for a write that timed out
+// (see holdOut).
 func (c *deadlineConn) write(b []byte) (int, error) {
 	if c.broken.Load() {
 		return 0, errWriteTimedOut
@@ -417,12 +434,25 @@ func (c *deadlineConn) write(b []byte) (int, error) {
 	if l := c.limit.Load(); l != 0 && l < d.UnixNano() {
 		d = time.Unix(0, l)
 	}
-	var n int
-	err := c.await(FromStore, d)
-	if err == nil {
-		_ = c.Conn.SetWriteDeadline(d)
-		n, err = c.Conn.Write(b)
+	held, shut := c.gateState(FromStore)
+	switch {
+	case held && shut:
+		return 0, net.ErrClosed
+	case held:
+		c.holdOut(b, d)
+		return len(b), nil
 	}
+	size := len(b)
+	if len(c.heldOut) > 0 { // the hold ended: what it held back goes first
+		b = append(c.heldOut, b...)
+		if c.heldBy.Before(d) {
+			d = c.heldBy
+		}
+		c.heldOut = nil
+		c.heldTimer.Stop()
+	}
+	_ = c.Conn.SetWriteDeadline(d)
+	n, err := c.Conn.Write(b)
 	if err != nil && !c.broken.Swap(true) {
 		if isTimeout(err) {
 			c.s.log.Warn("closed connection: client not reading, a write did not complete in time",
@@ -430,7 +460,45 @@ func (c *deadlineConn) write(b []byte) (int, error) {
 		}
 		_ = c.Close()
 	}
-	return n, err
+	return min(n, size), err
+}
+
+// holdOut keeps b, written while FromStore is held, for when the hold ends,
+// and makes sure the connection is closed if the first byte held is still
+// held back at its write deadline d. The caller holds c.wmu.
+func (c *deadlineConn) holdOut(b []byte, d time.Time) {
+	if len(c.heldOut) == 0 {
+		c.heldBy = d
+		if c.heldTimer == nil {
+			c.heldTimer = time.AfterFunc(time.Until(d), c.heldExpired)
+		} else {
+			c.heldTimer.Reset(time.Until(d))
+		}
+	}
+	c.heldOut = append(c.heldOut, b...)
+}
+
+// heldExpired closes the connection if what FromStore held back is still
+// not written at its write deadline.
+func (c *deadlineConn) heldExpired() {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if len(c.heldOut) == 0 || time.Now().Before(c.heldBy) || c.broken.Swap(true) {
+		return // written in time, or a later hold's timer
+	}
+	c.s.log.Warn("closed connection: writes held past the write timeout",
+		"remote", c.RemoteAddr().String(), "write_timeout", c.s.cfg.WriteTimeout, "bytes", len(c.heldOut))
+	c.heldOut = nil
+	_ = c.Close()
+}
+
+// flushHeld writes what FromStore held back, if it was not written yet.
+func (c *deadlineConn) flushHeld() {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if len(c.heldOut) > 0 && !c.broken.Load() {
+		_, _ = c.write(nil)
+	}
 }
 
 func isTimeout(err error) bool {
