@@ -3,10 +3,10 @@ package localstore
 import (
 	"strings"
 
+	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/dsslock/dsslock/sskv/internal/wire"
-	mqtt "github.com/dsslock/dsslock/sskv/localstore/internal/mochi"
 )
 
 // The topic rules (docs/localstore.md, "Tenants", gives them in full). Topics under

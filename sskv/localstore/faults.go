@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	mqtt "github.com/dsslock/dsslock/sskv/localstore/internal/mochi"
+	mqtt "github.com/mochi-mqtt/server/v2"
 )
 
 // Direction selects which traffic of a client's connection Hold stops.
@@ -44,11 +44,11 @@ func (d Direction) String() string {
 //     none for keep-alive 0) the connection is dropped, as that of any
 //     client gone silent.
 //   - FromStore: nothing more is written to the connection: responses,
-//     notifications, PUBACKs and PINGRESPs wait. A write held for
+//     notifications, PUBACKs and PINGRESPs wait, in order, in the store's
+//     memory, and go out once the hold ends. The client's requests are
+//     still read and executed meanwhile. A write held for
 //     Config.WriteTimeout ends the connection, as for any client that does
-//     not read (see "Slow clients" in the package documentation). A client
-//     whose responses wait soon stops being read too, since the broker
-//     acknowledges each request as it reads it.
+//     not read (see "Slow clients" in the package documentation).
 //
 // Holds add up: Hold(id, ToStore) and then Hold(id, FromStore) hold Both.
 // A hold applies to the connection current at the time of the call and ends
@@ -91,6 +91,7 @@ func (s *Server) Release(clientID string) {
 	s.connMu.Unlock()
 	for _, dc := range held {
 		if dc.release() {
+			dc.flushHeld()
 			s.log.Debug("released connection traffic", "client", clientID, "remote", dc.RemoteAddr().String())
 		}
 	}
@@ -104,8 +105,9 @@ func cutHeld(cl *mqtt.Client) {
 	}
 }
 
-// gate holds the traffic of a deadlineConn (see Server.Hold). Reads and
-// writes wait at it, bounded by the connection's deadlines.
+// gate holds the traffic of a deadlineConn (see Server.Hold). Reads wait
+// at it, bounded by the broker's read deadline; writes made while it holds
+// FromStore are kept back (see deadlineConn.write).
 type gate struct {
 	mu      sync.Mutex
 	held    Direction
@@ -142,9 +144,15 @@ func (c *deadlineConn) release() bool {
 }
 
 func (c *deadlineConn) holding(d Direction) bool {
+	held, _ := c.gateState(d)
+	return held
+}
+
+// gateState reports whether d is held, and whether the connection is closed.
+func (c *deadlineConn) gateState(d Direction) (held, shut bool) {
 	c.gate.mu.Lock()
 	defer c.gate.mu.Unlock()
-	return c.gate.held&d != 0
+	return c.gate.held&d != 0, c.gate.shut
 }
 
 // setReadDeadline sets the socket's read deadline, and records it for held
@@ -167,10 +175,11 @@ func (c *deadlineConn) shutGate() {
 	}
 }
 
-// await waits while d is held. It returns os.ErrDeadlineExceeded when the
-// deadline passes first (for reads, the broker's read deadline: writeBy is
-// ignored), and net.ErrClosed when the connection is closed.
-func (c *deadlineConn) await(d Direction, writeBy time.Time) error {
+// awaitReads waits while reads (ToStore) are held. It returns
+// os.ErrDeadlineExceeded when the broker's read deadline passes first, and
+// net.ErrClosed when the connection is closed. (Held writes do not wait:
+// see deadlineConn.write.)
+func (c *deadlineConn) awaitReads() error {
 	g := &c.gate
 	var timer *time.Timer
 	defer func() {
@@ -180,12 +189,8 @@ func (c *deadlineConn) await(d Direction, writeBy time.Time) error {
 	}()
 	for {
 		g.mu.Lock()
-		held, shut := g.held&d != 0, g.shut
-		resumed, closed := g.resumed, g.closed
-		by := writeBy
-		if d == ToStore {
-			by = g.rdl
-		}
+		held, shut := g.held&ToStore != 0, g.shut
+		resumed, closed, by := g.resumed, g.closed, g.rdl
 		g.mu.Unlock()
 		switch {
 		case !held:

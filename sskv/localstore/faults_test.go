@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -148,8 +149,9 @@ func TestHoldToStore(t *testing.T) {
 	}
 }
 
-// Hold FromStore: a request is executed (another client sees its effect),
-// but its answer comes only after Release.
+// Hold FromStore: requests are executed (another client sees their effect),
+// those sent after the first held answer too, but their answers come only
+// after Release, in order.
 func TestHoldFromStore(t *testing.T) {
 	srv := startStore(t, localstore.Config{WriteTimeout: time.Minute})
 	rc, ch := heldClient(t, srv, "held-writes", 30)
@@ -158,13 +160,21 @@ func TestHoldFromStore(t *testing.T) {
 	if err := srv.Hold("held-writes", localstore.FromStore); err != nil {
 		t.Fatal(err)
 	}
-	rc.write(rc.request(1, "held-writes/response", "SET", "k", "v"))
-	waitValue(t, other, "k", "v")
+	for i, v := range []string{"v1", "v2", "v3"} {
+		rc.write(rc.request(uint16(i+1), "held-writes/response", "SET", "k", v))
+		waitValue(t, other, "k", v)
+	}
 	nothing(t, ch)
 
 	srv.Release("held-writes")
-	if _, got := answers(t, ch, 1); got[1] != okResp {
-		t.Fatalf("response %q", got[1])
+	order, got := answers(t, ch, 3)
+	if !slices.Equal(order, []uint16{1, 2, 3}) {
+		t.Fatalf("answers in order %v", order)
+	}
+	for id, p := range got {
+		if p != okResp {
+			t.Fatalf("response %d: %q", id, p)
+		}
 	}
 }
 

@@ -14,12 +14,12 @@ import (
 
 	"github.com/eclipse/paho.golang/packets"
 	"github.com/eclipse/paho.golang/paho"
+	mqtt "github.com/mochi-mqtt/server/v2"
 
 	"github.com/dsslock/dsslock/hlc"
 	"github.com/dsslock/dsslock/internal/storetest"
 	"github.com/dsslock/dsslock/sskv/internal/wire"
 	"github.com/dsslock/dsslock/sskv/localstore"
-	mqtt "github.com/dsslock/dsslock/sskv/localstore/internal/mochi"
 )
 
 // promptBound is the generous safety bound on "answered promptly": far above

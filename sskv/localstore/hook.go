@@ -4,10 +4,10 @@ import (
 	"errors"
 	"time"
 
+	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/dsslock/dsslock/sskv/internal/wire"
-	mqtt "github.com/dsslock/dsslock/sskv/localstore/internal/mochi"
 )
 
 // satMethod is the MQTT v5 enhanced authentication method of Azure IoT

@@ -10,9 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
-
-	mqtt "github.com/dsslock/dsslock/sskv/localstore/internal/mochi"
 )
 
 // A client's identity is its user name and its client id. The user name is

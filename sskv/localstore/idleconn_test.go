@@ -11,12 +11,11 @@ import (
 	"github.com/dsslock/dsslock/sskv/localstore"
 )
 
-// TestIdleConnectionGoroutines: an idle connection costs the store one
-// goroutine, its reader. The CONNECT handshake runs on a goroutine that
-// ends with it, and a connection's writes run on a goroutine only while
-// something is queued to it: after requests, their responses and a
-// notification, nothing waits for an idle connection but its reader.
-// (mochi ran a write loop per connection besides, for its whole life.)
+// TestIdleConnectionGoroutines: an idle connection costs the store only the
+// broker's two goroutines (mochi's reader and write loop). The store's own
+// goroutines for a connection (the notification outbox's) run only while
+// something is queued: after requests, their responses and a notification,
+// none is left.
 func TestIdleConnectionGoroutines(t *testing.T) {
 	srv := startStore(t, localstore.Config{})
 	const n = 40
@@ -40,9 +39,9 @@ func TestIdleConnectionGoroutines(t *testing.T) {
 			}
 		}
 	}
-	// The handshakes' and writers' goroutines end a moment after their
-	// work.
-	const slack = 4 // timers and the runtime's own, which come and go
-	storetest.Eventually(t, fmt.Sprintf("%d idle connections to cost at most %d goroutines (one each)", n, n+slack),
-		func() bool { return runtime.NumGoroutine() <= base+n+slack })
+	// The outboxes' goroutines end a moment after their work.
+	const perConn = 2 // mochi's reader and write loop
+	const slack = 4   // timers and the runtime's own, which come and go
+	storetest.Eventually(t, fmt.Sprintf("%d idle connections to cost at most %d goroutines (%d each)", n, perConn*n+slack, perConn),
+		func() bool { return runtime.NumGoroutine() <= base+perConn*n+slack })
 }

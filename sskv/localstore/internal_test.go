@@ -5,18 +5,15 @@ import (
 	"errors"
 	"net"
 	"reflect"
-	"runtime"
 	"testing"
 	"time"
 
 	mqttpackets "github.com/eclipse/paho.golang/packets"
 	"github.com/eclipse/paho.golang/paho"
-	"github.com/mochi-mqtt/server/v2/listeners"
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/dsslock/dsslock/hlc"
 	"github.com/dsslock/dsslock/sskv/internal/resp"
-	mqtt "github.com/dsslock/dsslock/sskv/localstore/internal/mochi"
 )
 
 // TestLazyExpiryOrder: a request on a key whose PX deadline has passed before
@@ -117,8 +114,7 @@ func TestFlowControlOff(t *testing.T) {
 func recoverIn(prefix string, f func()) (in bool) {
 	defer func() {
 		if recover() != nil {
-			pcs := make([]uintptr, 64)
-			in = panicIn(pcs[:runtime.Callers(2, pcs)], prefix)
+			in = panicIn(prefix)
 		}
 	}()
 	f()
@@ -147,59 +143,32 @@ func TestPanicIn(t *testing.T) {
 	}
 }
 
-// TestEstablishRecoversHandshakePanic: the broker runs a connection's
-// CONNECT handshake on a goroutine of its own and raises its panic again on
-// the connection's goroutine as a *mqtt.HandshakePanic. establish recovers
-// it when it began in the decoder, as it does a decoder panic raised on its
-// own goroutine, and lets any other panic go on.
-func TestEstablishRecoversHandshakePanic(t *testing.T) {
+// TestEstablishRecovers: establish recovers a panic of the broker's decoder
+// on the connection's goroutine, the CONNECT handshake's included, and lets
+// any other panic go on.
+func TestEstablishRecovers(t *testing.T) {
 	srv, err := Start(Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer srv.Close()
 	l := &listener{s: srv, id: "t"}
-	// onOtherGoroutine runs f as the broker runs the handshake, and panics
-	// with what it panicked with.
-	onOtherGoroutine := func(f func()) listeners.EstablishFn {
-		return func(string, net.Conn) error {
-			var hp *mqtt.HandshakePanic
-			done := make(chan struct{})
-			go func() {
-				defer close(done)
-				defer func() {
-					if p := recover(); p != nil {
-						pcs := make([]uintptr, 64)
-						hp = &mqtt.HandshakePanic{Value: p, Stack: pcs[:runtime.Callers(2, pcs)]}
-					}
-				}()
-				f()
-			}()
-			<-done
-			if hp != nil {
-				panic(hp)
-			}
-			return nil
-		}
-	}
-	establish := func(fn listeners.EstablishFn) (repanicked any, err error) {
+	establish := func(f func()) (repanicked any, err error) {
 		a, b := net.Pipe()
 		defer a.Close()
 		defer b.Close()
 		defer func() { repanicked = recover() }()
-		return nil, l.establish(fn, newDeadlineConn(a, srv))
+		return nil, l.establish(func(string, net.Conn) error { f(); return nil }, newDeadlineConn(a, srv))
 	}
 
 	decoder := func() {
 		pk := packets.Packet{ProtocolVersion: 5}
 		_ = pk.SubscribeDecode([]byte{0, 1, 0, 0, 1, 'k'}) // mochi-mqtt/server#501
 	}
-	if p, err := establish(onOtherGoroutine(decoder)); p != nil || !errors.Is(err, errDecoderPanicked) {
-		t.Errorf("decoder panic in the handshake: establish returned %v and panicked with %v; want errDecoderPanicked", err, p)
+	if p, err := establish(decoder); p != nil || !errors.Is(err, errDecoderPanicked) {
+		t.Errorf("decoder panic: establish returned %v and panicked with %v; want errDecoderPanicked", err, p)
 	}
-	if p, err := establish(onOtherGoroutine(func() { panic("elsewhere") })); p == nil {
-		t.Errorf("another panic in the handshake: establish returned %v; want it to panic again", err)
-	} else if hp, ok := p.(*mqtt.HandshakePanic); !ok || hp.Value != "elsewhere" {
-		t.Errorf("another panic in the handshake: establish panicked with %#v; want the *mqtt.HandshakePanic", p)
+	if p, err := establish(func() { panic("elsewhere") }); p != "elsewhere" {
+		t.Errorf("another panic: establish returned %v and panicked with %#v; want it to panic again with the same value", err, p)
 	}
 }

@@ -3,9 +3,8 @@ package localstore
 import (
 	"sync"
 
+	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
-
-	mqtt "github.com/dsslock/dsslock/sskv/localstore/internal/mochi"
 )
 
 // Limits on what one user or one connection may make the store keep (see

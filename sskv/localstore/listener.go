@@ -14,10 +14,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/listeners"
 	"github.com/mochi-mqtt/server/v2/packets"
-
-	mqtt "github.com/dsslock/dsslock/sskv/localstore/internal/mochi"
 )
 
 // connectTimeout bounds how long a new connection may take to send CONNECT.
@@ -75,29 +74,23 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 		_ = dc.SetDeadline(time.Now().Add(connectTimeout))
 		go func() {
 			defer l.wg.Done()
-			l.ended(dc, l.establish(establish, dc))
+			err := l.establish(establish, dc)
+			_ = dc.Close()
+			l.s.connectionDone(dc)
+			dc.linger(lingerTimeout)
+			l.mu.Lock()
+			delete(l.conns, dc)
+			l.mu.Unlock()
+			switch {
+			case errors.Is(err, errDecoderPanicked):
+				l.s.log.Warn("closed connection: malformed packet", "remote", dc.RemoteAddr().String(), "error", err)
+			case errors.Is(err, packets.ErrPacketTooLarge):
+				l.s.log.Warn("closed connection: packet larger than the maximum packet size",
+					"remote", dc.RemoteAddr().String(), "max_packet_size", l.s.cfg.MaxPacketSize)
+			case err != nil:
+				l.s.log.Debug("connection ended", "remote", dc.RemoteAddr().String(), "error", err)
+			}
 		}()
-	}
-}
-
-// ended cleans up after the connection dc, whose handling ended with err.
-// (Not in Serve's goroutine: its frame would sit on every idle
-// connection's stack.)
-func (l *listener) ended(dc *deadlineConn, err error) {
-	_ = dc.Close()
-	l.s.connectionDone(dc)
-	dc.linger(lingerTimeout)
-	l.mu.Lock()
-	delete(l.conns, dc)
-	l.mu.Unlock()
-	switch {
-	case errors.Is(err, errDecoderPanicked):
-		l.s.log.Warn("closed connection: malformed packet", "remote", dc.RemoteAddr().String(), "error", err)
-	case errors.Is(err, packets.ErrPacketTooLarge):
-		l.s.log.Warn("closed connection: packet larger than the maximum packet size",
-			"remote", dc.RemoteAddr().String(), "max_packet_size", l.s.cfg.MaxPacketSize)
-	case err != nil:
-		l.s.log.Debug("connection ended", "remote", dc.RemoteAddr().String(), "error", err)
 	}
 }
 
@@ -113,16 +106,7 @@ func (l *listener) ended(dc *deadlineConn, err error) {
 func (l *listener) establish(fn listeners.EstablishFn, dc *deadlineConn) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			// The CONNECT handshake runs on a goroutine of its own, and
-			// the broker raises its panic again here, with its stack.
-			var pcs []uintptr
-			if hp, ok := p.(*mqtt.HandshakePanic); ok {
-				pcs = hp.Stack
-			} else {
-				pcs = make([]uintptr, 64)
-				pcs = pcs[:runtime.Callers(2, pcs)]
-			}
-			if !panicIn(pcs, decoderPackage) {
+			if !panicIn(decoderPackage) {
 				panic(p)
 			}
 			err = fmt.Errorf("%w: %v", errDecoderPanicked, p)
@@ -137,13 +121,13 @@ const decoderPackage = "github.com/mochi-mqtt/server/v2/packets."
 
 var errDecoderPanicked = errors.New("localstore: the broker's packet decoder panicked on a malformed packet")
 
-// panicIn reports whether the panic whose stack pcs holds was raised in a
-// function whose name begins with prefix. Taken in a deferred function
-// that recovers, runtime.Callers gives the stack as it was when the panic
-// began: the first frame below runtime.gopanic that is not the runtime's
-// own is where it was raised.
-func panicIn(pcs []uintptr, prefix string) bool {
-	frames := runtime.CallersFrames(pcs)
+// panicIn reports whether the panic being recovered was raised in a function
+// whose name begins with prefix. Called from a deferred function, it sees
+// the stack as it was when the panic began: the first frame below
+// runtime.gopanic that is not the runtime's own is where it was raised.
+func panicIn(prefix string) bool {
+	pcs := make([]uintptr, 64)
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(2, pcs)])
 	below := false
 	for {
 		f, more := frames.Next()
@@ -264,6 +248,14 @@ type deadlineConn struct {
 	// them (guarded by wmu).
 	ackWait atomic.Pointer[batch]
 	durable []heldAck
+
+	// heldOut is what was written while FromStore was held (see
+	// Server.Hold), in order, to go out before any later write; heldBy is
+	// the write deadline of its first byte, when heldTimer ends the
+	// connection if it is still held back (guarded by wmu).
+	heldOut   []byte
+	heldBy    time.Time
+	heldTimer *time.Timer
 }
 
 // heldAck is a PUBACK waiting for writes to disk (b; nil: for those of the
@@ -289,12 +281,12 @@ var errWriteTimedOut = errors.New("localstore: an earlier write timed out; conne
 // not held (see Server.Hold). A read does not start while reads are held; one
 // in progress when the hold begins keeps what it gets until the hold ends.
 func (c *deadlineConn) Read(b []byte) (int, error) {
-	if err := c.await(ToStore, time.Time{}); err != nil {
+	if err := c.awaitReads(); err != nil {
 		return 0, err
 	}
 	n, err := c.Conn.Read(b)
 	if n > 0 {
-		if herr := c.await(ToStore, time.Time{}); herr != nil {
+		if herr := c.awaitReads(); herr != nil {
 			return 0, herr // the connection ends: what was read does not matter
 		}
 	}
@@ -425,6 +417,15 @@ func (c *deadlineConn) flushAcks() {
 }
 
 // write writes b to the socket, as Write describes. The caller holds c.wmu.
+//
+// While FromStore is held, b is kept in c.heldOut and the write returns at
+// once, as a write into a frozen network path's buffers would: the broker
+// writes some packets (PUBACKs) on the connection's read goroutine, which
+// must go on reading and executing the client's requests while their
+// answers are held. What was held back goes out first once the hold ends,
+// bounded by the write deadline of the first byte held; if the hold lasts
+// past it, the connection is closed then, as for a write that timed out
+// (see holdOut).
 func (c *deadlineConn) write(b []byte) (int, error) {
 	if c.broken.Load() {
 		return 0, errWriteTimedOut
@@ -433,12 +434,25 @@ func (c *deadlineConn) write(b []byte) (int, error) {
 	if l := c.limit.Load(); l != 0 && l < d.UnixNano() {
 		d = time.Unix(0, l)
 	}
-	var n int
-	err := c.await(FromStore, d)
-	if err == nil {
-		_ = c.Conn.SetWriteDeadline(d)
-		n, err = c.Conn.Write(b)
+	held, shut := c.gateState(FromStore)
+	switch {
+	case held && shut:
+		return 0, net.ErrClosed
+	case held:
+		c.holdOut(b, d)
+		return len(b), nil
 	}
+	size := len(b)
+	if len(c.heldOut) > 0 { // the hold ended: what it held back goes first
+		b = append(c.heldOut, b...)
+		if c.heldBy.Before(d) {
+			d = c.heldBy
+		}
+		c.heldOut = nil
+		c.heldTimer.Stop()
+	}
+	_ = c.Conn.SetWriteDeadline(d)
+	n, err := c.Conn.Write(b)
 	if err != nil && !c.broken.Swap(true) {
 		if isTimeout(err) {
 			c.s.log.Warn("closed connection: client not reading, a write did not complete in time",
@@ -446,7 +460,45 @@ func (c *deadlineConn) write(b []byte) (int, error) {
 		}
 		_ = c.Close()
 	}
-	return n, err
+	return min(n, size), err
+}
+
+// holdOut keeps b, written while FromStore is held, for when the hold ends,
+// and makes sure the connection is closed if the first byte held is still
+// held back at its write deadline d. The caller holds c.wmu.
+func (c *deadlineConn) holdOut(b []byte, d time.Time) {
+	if len(c.heldOut) == 0 {
+		c.heldBy = d
+		if c.heldTimer == nil {
+			c.heldTimer = time.AfterFunc(time.Until(d), c.heldExpired)
+		} else {
+			c.heldTimer.Reset(time.Until(d))
+		}
+	}
+	c.heldOut = append(c.heldOut, b...)
+}
+
+// heldExpired closes the connection if what FromStore held back is still
+// not written at its write deadline.
+func (c *deadlineConn) heldExpired() {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if len(c.heldOut) == 0 || time.Now().Before(c.heldBy) || c.broken.Swap(true) {
+		return // written in time, or a later hold's timer
+	}
+	c.s.log.Warn("closed connection: writes held past the write timeout",
+		"remote", c.RemoteAddr().String(), "write_timeout", c.s.cfg.WriteTimeout, "bytes", len(c.heldOut))
+	c.heldOut = nil
+	_ = c.Close()
+}
+
+// flushHeld writes what FromStore held back, if it was not written yet.
+func (c *deadlineConn) flushHeld() {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if len(c.heldOut) > 0 && !c.broken.Load() {
+		_, _ = c.write(nil)
+	}
 }
 
 func isTimeout(err error) bool {

@@ -4,9 +4,8 @@ import (
 	"context"
 	"log/slog"
 
+	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
-
-	mqtt "github.com/dsslock/dsslock/sskv/localstore/internal/mochi"
 )
 
 // packetSummaries is the slog.Handler of the broker's logger. mochi logs

@@ -3,9 +3,8 @@ package localstore
 import (
 	"sync"
 
+	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
-
-	mqtt "github.com/dsslock/dsslock/sskv/localstore/internal/mochi"
 )
 
 // The store never does network I/O, or waits on a client, while it holds

@@ -1,9 +1,8 @@
 package localstore
 
 import (
+	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
-
-	mqtt "github.com/dsslock/dsslock/sskv/localstore/internal/mochi"
 )
 
 // Packet ids of the two directions of a connection are independent

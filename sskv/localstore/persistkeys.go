@@ -5,7 +5,7 @@ import (
 	"crypto/sha256"
 	"time"
 
-	mqtt "github.com/dsslock/dsslock/sskv/localstore/internal/mochi"
+	mqtt "github.com/mochi-mqtt/server/v2"
 )
 
 // How the store keeps persisted keys (see Config.Persist):

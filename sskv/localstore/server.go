@@ -12,12 +12,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/dsslock/dsslock/hlc"
 	"github.com/dsslock/dsslock/sskv/internal/resp"
 	"github.com/dsslock/dsslock/sskv/internal/wire"
-	mqtt "github.com/dsslock/dsslock/sskv/localstore/internal/mochi"
 )
 
 // Errors returned by Server methods.
