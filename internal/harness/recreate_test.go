@@ -3,6 +3,7 @@ package harness_test
 import (
 	"context"
 	"errors"
+	"github.com/dsslock/dsslock/internal/storetest"
 	"log/slog"
 	"testing"
 	"time"
@@ -127,6 +128,7 @@ func heldRenewalRecreates(t *testing.T) bool {
 	if err != nil {
 		t.Fatal(err)
 	}
+	storetest.SkipInitial(t, w)
 	defer w.Stop()
 
 	e, err := leader.NewElector(c, election, []byte(id), leader.WithCandidateID(id),
