@@ -122,7 +122,7 @@ func BenchmarkGetParallel64(b *testing.B) {
 // BenchmarkIdleWatchers: what an idle watcher of a key of its own costs,
 // registration included, once it has had an event: heap bytes and
 // goroutines per watcher, for a channel watcher (Watch) and a callback
-// watcher (WatchFunc).
+// watcher (WithCallback).
 func BenchmarkIdleWatchers(b *testing.B) {
 	const n = 1000
 	srv := startStore(b, localstore.Config{})
@@ -133,7 +133,7 @@ func BenchmarkIdleWatchers(b *testing.B) {
 			var bytes, goroutines float64
 			for b.Loop() {
 				// A client of its own, closed at the end: Close waits for
-				// the STOPs a WatchFunc watcher's Stop sends in the
+				// the STOPs a callback watcher's Stop sends in the
 				// background, before the next round measures.
 				c, err := tryDial(b, srv)
 				if err != nil {
@@ -151,7 +151,11 @@ func BenchmarkIdleWatchers(b *testing.B) {
 					if kind == "chan" {
 						ws[i], err = c.Watch(ctx, key)
 					} else {
-						ws[i], err = c.WatchFunc(ctx, key, func(sskv.Event) { got <- struct{}{} }, nil)
+						ws[i], err = c.Watch(ctx, key, sskv.WithCallback(func(ev sskv.Event) {
+							if !ev.Initial {
+								got <- struct{}{}
+							}
+						}, nil))
 					}
 					if err != nil {
 						b.Fatal(err)
@@ -164,6 +168,7 @@ func BenchmarkIdleWatchers(b *testing.B) {
 				}
 				for _, w := range ws {
 					if kind == "chan" {
+						<-w.Events() // the Initial event
 						<-w.Events()
 					} else {
 						<-got
