@@ -3,7 +3,6 @@ package harness_test
 import (
 	"context"
 	"errors"
-	"github.com/dsslock/dsslock/internal/storetest"
 	"log/slog"
 	"testing"
 	"time"
@@ -128,7 +127,6 @@ func heldRenewalRecreates(t *testing.T) bool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	storetest.SkipInitial(t, w)
 	defer w.Stop()
 	// The watch starts from the key's state: nobody leads yet.
 	if ev := <-w.Events(); !ev.Initial || ev.Op != sskv.OpDelete {
