@@ -208,7 +208,7 @@ type queue struct {
 	exited chan struct{}
 	sig    chan struct{} // capacity 1: the state changed
 	wake   chan struct{} // capacity 1: lw changed, for run
-	take   chan chan keyWatch
+	take   chan chan waitWatch
 
 	mu      sync.Mutex
 	ended   bool
@@ -294,7 +294,7 @@ func (l *Lock) engage(ctx context.Context) (*queue, error) {
 	}
 	q := &queue{l: l, ctx: qctx, cancel: cancel, iw: iw, ew: ew,
 		exited: make(chan struct{}), sig: make(chan struct{}, 1), wake: make(chan struct{}, 1),
-		take: make(chan chan keyWatch)}
+		take: make(chan chan waitWatch)}
 	go q.run()
 	l.q = q
 	l.qv.Store(q)
@@ -390,7 +390,7 @@ func (q *queue) run() {
 		case reply := <-q.take:
 			// Nothing reads lw's events from here on but its taker.
 			q.mu.Lock()
-			kw := keyWatch{q.lw, q.lcancel, q.lbox}
+			kw := waitWatch{w: q.lw, cancel: q.lcancel, box: q.lbox}
 			q.lw, q.lcancel, q.lbox = nil, nil, nil
 			q.mu.Unlock()
 			reply <- kw
@@ -953,30 +953,22 @@ func (q *queue) unwatchKey() {
 	}
 }
 
-// keyWatch is a watch of the lock's key, what ends it, and the box its
-// events go to.
-type keyWatch struct {
-	w      *sskv.Watcher
-	cancel context.CancelFunc
-	box    *waitBox
-}
-
 // takeKeyWatch takes the watch of the lock's key from the queue, for a
-// FenceKey holding's guard to go on with; the zero keyWatch if there is
+// FenceKey holding's guard to go on with; the zero waitWatch if there is
 // none.
-func (q *queue) takeKeyWatch() keyWatch {
-	reply := make(chan keyWatch)
+func (q *queue) takeKeyWatch() waitWatch {
+	reply := make(chan waitWatch)
 	select {
 	case q.take <- reply:
 		return <-reply
 	case <-q.exited:
-		return keyWatch{}
+		return waitWatch{}
 	}
 }
 
 // giveKeyWatch gives back a watch takeKeyWatch took, when the attempt it
 // was taken for failed.
-func (q *queue) giveKeyWatch(kw keyWatch) {
+func (q *queue) giveKeyWatch(kw waitWatch) {
 	q.mu.Lock()
 	if q.ended || q.lw != nil {
 		q.mu.Unlock()

@@ -599,11 +599,11 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 				return false, nil
 			}
 		}
-		var kw keyWatch
+		var kw waitWatch
 		if l.cfg.FenceKey {
 			// The holding's guard goes on with the watch of the key.
 			if kw = q.takeKeyWatch(); kw.w != nil {
-				l.watch = waitWatch{w: kw.w, cancel: kw.cancel, box: kw.box}
+				l.watch = kw
 			}
 		}
 		ok, err := l.attemptFenced(ctx, cn, ft)
