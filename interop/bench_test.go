@@ -118,17 +118,11 @@ type tally struct {
 	sawOK  bool // a "+OK" (e.g. KEYNOTIFY's) was seen
 	atPark int  // n when parked closed
 	parkAt time.Time
-	parked chan struct{}
-	seen   []string // the first responses, abridged, for a failure message
+	parked chan struct{} // closed at the first response after the first "+OK": the waiter sleeps on its watch
+	seen   []string      // the first responses, abridged, for a failure message
 }
 
-var (
-	respOK      = []byte("+OK\r\n")
-	respRefused = []byte(":-1\r\n") // SET NX/NEX not applied
-	// A leader's election key is fenced: a candidate's SET NEX is refused
-	// with this error instead of ":-1".
-	respFenced = []byte("-ERR a fencing token is required")
-)
+var respOK = []byte("+OK\r\n")
 
 func (t *tally) add(payload []byte) {
 	t.mu.Lock()
@@ -138,15 +132,17 @@ func (t *tally) add(payload []byte) {
 		t.seen = append(t.seen, fmt.Sprintf("%.12q", payload))
 	}
 	switch {
-	case bytes.Equal(payload, respOK):
-		t.sawOK = true
-	case (bytes.Equal(payload, respRefused) || bytes.HasPrefix(payload, respFenced)) && t.sawOK:
+	case t.sawOK:
+		// The first response after the watch's: the SDK's SET that
+		// finds the key held, dsslock's read that starts the watch.
 		select {
 		case <-t.parked:
 		default:
 			t.atPark, t.parkAt = t.n, time.Now()
 			close(t.parked)
 		}
+	case bytes.Equal(payload, respOK):
+		t.sawOK = true
 	}
 }
 
@@ -239,13 +235,14 @@ func (s *spy) unfollow(ctx context.Context, id string) error {
 	return err
 }
 
-// awaitParked waits until t has seen the waiter park: the store refused
-// (":-1") a SET NEX of the waiter after answering "+OK" to its KEYNOTIFY.
-// Both locks send KEYNOTIFY before the acquisition attempt they then sleep
-// on (dsslock: SET, KEYNOTIFY, SET; the SDK: KEYNOTIFY, SET), so from then
-// on the key's deletion can only reach the waiter as a notification, and
-// that notification travels behind the refusal on the waiter's connection.
-// It fails if the waiter's Lock returns (returned) first.
+// awaitParked waits until t has seen the waiter park: the store answered
+// the waiter's first request after answering "+OK" to its KEYNOTIFY. Both
+// locks watch the key before what they then sleep on (dsslock: SET,
+// KEYNOTIFY, and the GET that starts the watch; the SDK: KEYNOTIFY, SET),
+// so from then on the key's deletion can only reach the waiter as a
+// notification, and that notification travels behind that answer on the
+// waiter's connection. It fails if the waiter's Lock returns (returned)
+// first.
 func awaitParked(ctx context.Context, t *tally, returned <-chan struct{}) error {
 	// Longer than the clients' request timeouts (10 s), so that a stall
 	// shows what followed it.
@@ -422,8 +419,8 @@ type locker struct {
 // handover times, round after round, from the start of the holder's Unlock
 // to the waiter's Lock returning, between two clients whose roles swap every
 // round. Before the holder lets go, the waiter is parked on its watch: the
-// spy has seen the store refuse the waiter's SET after answering its
-// KEYNOTIFY (see awaitParked), the same signal for both sides. The spy is
+// spy has seen the store answer the waiter's request after its KEYNOTIFY
+// (see awaitParked), the same signal for both sides. The spy is
 // subscribed only during that wait (SUBACK before the waiter starts, UNSUBACK
 // before the clock starts), so the timed part carries no extra traffic.
 func handover(b *testing.B, e *env, ls [2]locker) {

@@ -18,7 +18,6 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/dsslock/dsslock/hlc"
 	"github.com/dsslock/dsslock/lock"
 	"github.com/dsslock/dsslock/sskv"
 )
@@ -66,10 +65,8 @@ type Group struct {
 
 // slotState is a member's view of one member slot.
 type slotState struct {
-	id      string        // the member that holds it; "" when free
-	version hlc.Timestamp // of the latest state applied
-	evented bool          // a notification was applied since the watch began
-	ended   bool          // the watch ended: watch again
+	id    string // the member that holds it; "" when free
+	ended bool   // the watch ended: watch again
 }
 
 // NewGroup returns a Group for a member of the group named group, which
@@ -450,14 +447,15 @@ func (r *groupRun) run(parent context.Context) error {
 	}
 }
 
-// watch watches slot i and reads it.
+// watch watches slot i. Its first event, the slot's state, is applied
+// to the view as every later one is (slotEvent).
 func (r *groupRun) watch(i int) error {
 	g := r.g
 	key := slotKey(g.name, i)
 	g.mu.Lock()
-	g.slots[i].ended, g.slots[i].evented = false, false
+	g.slots[i].ended = false
 	g.mu.Unlock()
-	w, err := g.c.WatchFunc(r.ctx, key, func(ev sskv.Event) { g.slotEvent(i, ev) }, func(err error) {
+	w, err := g.c.Watch(r.ctx, key, sskv.WithCallback(func(ev sskv.Event) { g.slotEvent(i, ev) }, func(err error) {
 		if err != nil && r.ctx.Err() == nil {
 			g.mu.Lock()
 			if g.slots != nil {
@@ -466,25 +464,11 @@ func (r *groupRun) watch(i int) error {
 			g.mu.Unlock()
 			g.poke()
 		}
-	})
+	}))
 	if err != nil {
-		return err
-	}
-	res, err := g.c.Get(r.ctx, key)
-	if err != nil {
-		w.Stop()
 		return err
 	}
 	r.watchers[i] = w
-	g.mu.Lock()
-	s := &g.slots[i]
-	switch {
-	case res.Found && (!s.evented || res.Version.After(s.version)):
-		s.id, s.version = lock.ParseHolder(res.Value, res.Version).ID, res.Version
-	case !res.Found && !s.evented:
-		s.id = ""
-	}
-	g.mu.Unlock()
 	g.poke()
 	return nil
 }
@@ -504,11 +488,10 @@ func (g *Group) slotEnded(i int) bool {
 	return g.slots[i].ended
 }
 
-// slotEvent applies a notification of slot i to the view. The watch
-// delivers the key's changes in order, none twice, and reports what it
-// missed (a reconnect, a store restart whose versions may go back) as a
-// Resync event: only its first event is ordered against the GET that
-// follows the watch's start.
+// slotEvent applies an event of slot i's watch to the view: the slot's
+// state when the watch started, then its changes in order, none twice,
+// with what the watch missed (a reconnect, a store restart whose versions
+// may go back) reported as a Resync event.
 func (g *Group) slotEvent(i int, ev sskv.Event) {
 	g.mu.Lock()
 	if g.slots == nil {
@@ -516,18 +499,12 @@ func (g *Group) slotEvent(i int, ev sskv.Event) {
 		return
 	}
 	s := &g.slots[i]
-	if !s.evented && !ev.Resync && !ev.Version.IsZero() && !s.version.IsZero() && !ev.Version.After(s.version) {
-		g.mu.Unlock()
-		return // older than what the GET found
-	}
-	s.evented = true
 	old := s.id
 	if ev.Op == sskv.OpDelete {
 		s.id = ""
 	} else {
 		s.id = lock.ParseHolder(ev.Value, ev.Version).ID
 	}
-	s.version = ev.Version
 	changed := old != s.id
 	g.mu.Unlock()
 	if changed {

@@ -91,6 +91,7 @@ func TestObserveLateProclaim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	storetest.SkipInitial(t, watch)
 	defer watch.Stop()
 
 	// 2.

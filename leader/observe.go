@@ -89,7 +89,7 @@ func Observe(ctx context.Context, c *sskv.Client, election string, opts ...Optio
 	}
 	o := newOptions(opts)
 	log := o.logger
-	w, first, version, err := watchAndRead(ctx, c, election)
+	w, err := c.Watch(ctx, election)
 	if err != nil {
 		return nil, &electionError{election, "observe", err}
 	}
@@ -97,8 +97,9 @@ func Observe(ctx context.Context, c *sskv.Client, election string, opts ...Optio
 	go func() {
 		defer close(out)
 		var (
-			queue   = []State{first}
-			last    = first
+			queue   []State
+			last    State
+			first   = true // the next Initial event is the watch's first: no Resync
 			retry   = backoff.NewExponentialBackOff()
 			rewatch <-chan time.Time // fires when it is time to watch again
 		)
@@ -167,15 +168,20 @@ func Observe(ctx context.Context, c *sskv.Client, election string, opts ...Optio
 					rewatch = time.After(retry.NextBackOff())
 					continue
 				}
-				if !ev.Resync && !ev.Version.IsZero() && !ev.Version.After(version) {
-					continue // older than the state read at the start
-				}
-				version = ev.Version
 				s := stateOf(ev.Value, ev.Version)
-				s.Resync = ev.Resync
+				// The state a watch starts from: the first is Observe's
+				// first state, and that of a watch set up again stands in
+				// for what the ended one may have missed.
+				s.Resync = ev.Resync || (ev.Initial && !first)
+				if first {
+					first = false
+					last = s
+					queue = append(queue, s)
+					continue
+				}
 				push(s)
 			case <-rewatch:
-				nw, s, v, err := watchAndRead(ctx, c, election)
+				nw, err := c.Watch(ctx, election)
 				if err != nil {
 					if errors.Is(err, sskv.ErrClosed) {
 						return
@@ -184,26 +190,9 @@ func Observe(ctx context.Context, c *sskv.Client, election string, opts ...Optio
 					continue
 				}
 				retry.Reset()
-				w, version, rewatch = nw, v, nil
-				s.Resync = true
-				push(s)
+				w, rewatch = nw, nil
 			}
 		}
 	}()
 	return out, nil
-}
-
-// watchAndRead watches the election's key and then reads it, so that no
-// change after the read is missed. It also returns the key's version.
-func watchAndRead(ctx context.Context, c *sskv.Client, election string) (*sskv.Watcher, State, hlc.Timestamp, error) {
-	w, err := c.Watch(ctx, election)
-	if err != nil {
-		return nil, State{}, hlc.Timestamp{}, err
-	}
-	res, err := c.Get(ctx, election)
-	if err != nil {
-		w.Stop()
-		return nil, State{}, hlc.Timestamp{}, err
-	}
-	return w, stateOf(res.Value, res.Version), res.Version, nil
 }

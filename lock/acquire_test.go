@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/dsslock/dsslock/internal/storetest"
 	"strings"
 	"testing"
 	"time"
@@ -153,6 +154,7 @@ func TestAcquireGivesBackAnUnknownAcquisition(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			storetest.SkipInitial(t, w)
 			defer w.Stop()
 			c := dial(t, srv.Addr())
 			srv.SetResponseFault(c.ID(), localstore.ResponseFault{Delay: 2 * time.Second})

@@ -3,6 +3,7 @@ package lock_test
 import (
 	"context"
 	"fmt"
+	"github.com/dsslock/dsslock/internal/storetest"
 	"sync"
 	"testing"
 	"time"
@@ -69,6 +70,7 @@ func (cq *crashQueue) setUp(tb testing.TB, ctx context.Context, srv *localstore.
 		if err != nil {
 			tb.Fatal(err)
 		}
+		storetest.SkipInitial(tb, w)
 		return w
 	}
 	// The holder keeps a queue: it waited for the lock.
@@ -159,6 +161,7 @@ func (cq *crashQueue) setUp(tb testing.TB, ctx context.Context, srv *localstore.
 	if err != nil {
 		return err
 	}
+	storetest.SkipInitial(tb, kw)
 	cq.expired = kw.Events()
 	for _, cancel := range giveUp[2 : 2+left] {
 		cancel()

@@ -87,7 +87,7 @@
 //	TryLock, or Lock of a free lock   1 request (2 with FenceKey)
 //	Unlock                            1 request
 //	holding                           1 renewal per RenewInterval; no goroutine or timer
-//	entering a contended Lock         9 requests (5 with Race)
+//	entering a contended Lock         9 requests (3 with Race)
 //	waiting while the holder renews   no requests; about 1.25 KB (1.0 KB for Acquire with Race)
 //	handover to the next waiter       about 4 requests, a few ms
 //	takeover after a holder crashed   about TTL after its last renewal (Config)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/dsslock/dsslock/internal/storetest"
 	"runtime"
 	"testing"
 	"time"
@@ -60,6 +61,7 @@ func TestFenceKeyRecordsTokenAndValue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	storetest.SkipInitial(t, w)
 	defer w.Stop()
 	for renewals := 0; renewals < 6; {
 		ev := <-w.Events()

@@ -432,13 +432,7 @@ func (h *holding) confirm(ctx context.Context) (*sskv.Conn, error) {
 func (h *holding) guard(ww waitWatch) {
 	l := h.l
 	if ww.w != nil {
-		var handedOff bool
-		if ww.box != nil { // a racing waiter's callback watch
-			handedOff = ww.box.handoff(h)
-		} else {
-			handedOff = ww.w.Handoff(h.judge, h.guardEnded)
-		}
-		if !handedOff {
+		if !ww.box.handoff(h) {
 			// The waiter's watch has ended: the renewals alone guard the key.
 			ww.end()
 			h.guards.Done()
@@ -459,7 +453,7 @@ func (h *holding) guard(ww waitWatch) {
 		rctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		h.keepGuard(cancel)
-		w, err := l.c.WatchFuncDetached(rctx, l.cfg.Name, h.judge, h.guardEnded)
+		w, err := l.c.Watch(rctx, l.cfg.Name, sskv.WithCallback(h.watched, h.guardEnded), sskv.Detached())
 		if err != nil {
 			if h.ctx.Err() == nil {
 				l.log.Debug("cannot watch the held key; renewals alone guard it", "error", err)
@@ -468,10 +462,23 @@ func (h *holding) guard(ww waitWatch) {
 			return
 		}
 		h.keepGuard(w.Stop)
-		// The watch reports changes after it was set up; one made while it
-		// was, shows in a confirmation.
-		h.askConfirm()
 	}()
+}
+
+// watched is the callback of the guard's own watch. Its first event is the
+// key's state once the watch was registered, after this holding took the
+// key: a change made while the watch was set up shows there.
+func (h *holding) watched(ev sskv.Event) {
+	if !ev.Initial {
+		h.judge(ev)
+		return
+	}
+	switch {
+	case ev.Op == sskv.OpDelete:
+		h.lose(fmt.Errorf("%w: it was deleted", ErrKeyLost))
+	case ParseHolder(ev.Value, ev.Version).ID != h.l.cfg.HolderID:
+		h.lose(fmt.Errorf("%w (key version %v)", ErrHeldByOther, ev.Version))
+	}
 }
 
 // guardEnded is called once the guard's watch has ended: with the holding,
@@ -489,6 +496,9 @@ func (h *holding) judge(ev sskv.Event) {
 	l := h.l
 	own := ev.Op == sskv.OpSet && ParseHolder(ev.Value, ev.Version).ID == l.cfg.HolderID
 	switch {
+	case ev.Initial:
+		// The state a waiter's watch started from, before this holding,
+		// not yet taken by the waiter.
 	case ev.Resync && ev.Op == sskv.OpDelete:
 		h.lose(fmt.Errorf("%w: it was deleted while the holder's watch had lost track of it", ErrKeyLost))
 	case ev.Resync && !own:

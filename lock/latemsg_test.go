@@ -88,6 +88,7 @@ func TestSemaphoreLateOfferDecline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	storetest.SkipInitial(t, watch)
 	defer watch.Stop()
 	next := func(what string, within time.Duration, ok func(lock.Holder, sskv.Event) bool) lock.Holder {
 		t.Helper()
@@ -233,6 +234,7 @@ func TestLockLateTurnHandOn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	storetest.SkipInitial(t, watch)
 	defer watch.Stop()
 	next := func(what string, within time.Duration, ok func(lock.Holder, sskv.Event) bool) {
 		t.Helper()

@@ -107,6 +107,7 @@ func TestSemaphoreLateReserveGiveBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	storetest.SkipInitial(t, watch)
 	defer watch.Stop()
 	next := func(what string, within time.Duration, ok func(lock.Holder, sskv.Event) bool) lock.Holder {
 		t.Helper()

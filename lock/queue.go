@@ -208,7 +208,7 @@ type queue struct {
 	exited chan struct{}
 	sig    chan struct{} // capacity 1: the state changed
 	wake   chan struct{} // capacity 1: lw changed, for run
-	take   chan chan keyWatch
+	take   chan chan waitWatch
 
 	mu      sync.Mutex
 	ended   bool
@@ -252,6 +252,7 @@ type queue struct {
 	rejoin      bool // check the lock and join again
 	// The lock's key, while watched.
 	lw      *sskv.Watcher
+	lbox    *waitBox           // lw's events, which a FenceKey holding's guard takes over
 	lcancel context.CancelFunc // ends lw
 	free    bool
 	held    bool // the key was seen held
@@ -293,7 +294,7 @@ func (l *Lock) engage(ctx context.Context) (*queue, error) {
 	}
 	q := &queue{l: l, ctx: qctx, cancel: cancel, iw: iw, ew: ew,
 		exited: make(chan struct{}), sig: make(chan struct{}, 1), wake: make(chan struct{}, 1),
-		take: make(chan chan keyWatch)}
+		take: make(chan chan waitWatch)}
 	go q.run()
 	l.q = q
 	l.qv.Store(q)
@@ -347,34 +348,50 @@ func (q *queue) run() {
 		q.unwatchKey()
 		q.notify()
 	}()
+	// The queue decides by messages and changes: what the inbox and the
+	// roll call held before it watched them (their watches' Initial
+	// events) is from earlier queues, and the state of the lock's key
+	// when its watch starts is read by the join (see Lock.waitQueued).
 	iev, eev := q.iw.Events(), q.ew.Events()
 	for {
 		q.mu.Lock()
-		lw := q.lw
+		lw, lbox := q.lw, q.lbox
 		q.mu.Unlock()
-		var lev <-chan sskv.Event
+		var lwake <-chan struct{}
 		if lw != nil {
-			lev = lw.Events()
+			lwake = lbox.wake
 		}
 		select {
 		case ev, ok := <-iev:
 			if !ok {
 				return
 			}
-			q.onInbox(ev)
+			if !ev.Initial {
+				q.onInbox(ev)
+			}
 		case ev, ok := <-eev:
 			if !ok {
 				return
 			}
-			q.onRoll(ev)
-		case ev, ok := <-lev:
-			q.onLock(lw, ev, ok)
+			if !ev.Initial {
+				q.onRoll(ev)
+			}
+		case <-lwake:
+			evs, ended, _ := lbox.take()
+			for _, ev := range evs {
+				if !ev.Initial {
+					q.onLock(lw, ev, true)
+				}
+			}
+			if ended {
+				q.onLock(lw, sskv.Event{}, false)
+			}
 		case <-q.wake:
 		case reply := <-q.take:
 			// Nothing reads lw's events from here on but its taker.
 			q.mu.Lock()
-			kw := keyWatch{q.lw, q.lcancel}
-			q.lw, q.lcancel = nil, nil
+			kw := waitWatch{w: q.lw, cancel: q.lcancel, box: q.lbox}
+			q.lw, q.lcancel, q.lbox = nil, nil, nil
 			q.mu.Unlock()
 			reply <- kw
 		}
@@ -888,7 +905,8 @@ func (q *queue) watchKey(ctx context.Context) error {
 	// A lost answer to the KEYNOTIFY must not keep the waiter from checking
 	// for the client's RequestTimeout.
 	slow := time.AfterFunc(l.cfg.TTL, cancel)
-	w, err := l.c.Watch(wctx, l.cfg.Name)
+	box := newWaitBox()
+	w, err := l.c.Watch(wctx, l.cfg.Name, sskv.WithCallback(box.event, box.done))
 	slow.Stop()
 	if err == nil && !stop() {
 		w.Stop()
@@ -905,7 +923,7 @@ func (q *queue) watchKey(ctx context.Context) error {
 		cancel()
 		return nil
 	}
-	q.lw, q.lcancel, q.changed = w, cancel, true
+	q.lw, q.lbox, q.lcancel, q.changed = w, box, cancel, true
 	q.keySeq++
 	q.free, q.value, q.lastSet, q.known = false, nil, time.Now(), false
 	q.mu.Unlock()
@@ -927,7 +945,7 @@ func (q *queue) poke() {
 func (q *queue) unwatchKey() {
 	q.mu.Lock()
 	w, cancel := q.lw, q.lcancel
-	q.lw, q.lcancel = nil, nil
+	q.lw, q.lcancel, q.lbox = nil, nil, nil
 	q.mu.Unlock()
 	if w != nil {
 		cancel()
@@ -935,28 +953,22 @@ func (q *queue) unwatchKey() {
 	}
 }
 
-// keyWatch is a watch of the lock's key and what ends it.
-type keyWatch struct {
-	w      *sskv.Watcher
-	cancel context.CancelFunc
-}
-
 // takeKeyWatch takes the watch of the lock's key from the queue, for a
-// FenceKey holding's guard to go on with; the zero keyWatch if there is
+// FenceKey holding's guard to go on with; the zero waitWatch if there is
 // none.
-func (q *queue) takeKeyWatch() keyWatch {
-	reply := make(chan keyWatch)
+func (q *queue) takeKeyWatch() waitWatch {
+	reply := make(chan waitWatch)
 	select {
 	case q.take <- reply:
 		return <-reply
 	case <-q.exited:
-		return keyWatch{}
+		return waitWatch{}
 	}
 }
 
 // giveKeyWatch gives back a watch takeKeyWatch took, when the attempt it
 // was taken for failed.
-func (q *queue) giveKeyWatch(kw keyWatch) {
+func (q *queue) giveKeyWatch(kw waitWatch) {
 	q.mu.Lock()
 	if q.ended || q.lw != nil {
 		q.mu.Unlock()
@@ -964,7 +976,7 @@ func (q *queue) giveKeyWatch(kw keyWatch) {
 		kw.cancel()
 		return
 	}
-	q.lw, q.lcancel = kw.w, kw.cancel
+	q.lw, q.lcancel, q.lbox = kw.w, kw.cancel, kw.box
 	q.mu.Unlock()
 	q.poke()
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 
+	"github.com/dsslock/dsslock/internal/clientlocal"
 	"github.com/dsslock/dsslock/sskv"
 )
 
@@ -52,12 +53,12 @@ type renewer struct {
 // such as every holding after a reconnect.
 const maxRenewWorkers = 256
 
-// renewerKey is the key of a client's renewer (sskv.Client.Shared).
+// renewerKey is the key of a client's renewer (internal/clientlocal).
 type renewerKey struct{}
 
 // renewerOf returns the renewer of c.
 func renewerOf(c *sskv.Client) *renewer {
-	return c.Shared(renewerKey{}, func() any {
+	return clientlocal.Of(c).Get(renewerKey{}, func() any {
 		return &renewer{c: c, wake: make(chan struct{}, 1)}
 	}).(*renewer)
 }

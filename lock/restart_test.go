@@ -48,6 +48,7 @@ func watchTokens(t *testing.T, c *sskv.Client, key string) *tokens {
 	if err != nil {
 		t.Fatal(err)
 	}
+	storetest.SkipInitial(t, w)
 	tk := &tokens{}
 	done := make(chan struct{})
 	go func() {
@@ -323,6 +324,7 @@ func TestStaleUndoSparesSameHolderID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	storetest.SkipInitial(t, w)
 	defer w.Stop()
 
 	// l1's acquisition applies, but its answer is lost; the delete that
@@ -417,6 +419,7 @@ func lateSetValueDuringAcquisition(t *testing.T) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	storetest.SkipInitial(t, w)
 	defer w.Stop()
 
 	if err := srv.Hold(ca.ID(), localstore.ToStore); err != nil {

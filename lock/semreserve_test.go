@@ -2,6 +2,7 @@ package lock_test
 
 import (
 	"context"
+	"github.com/dsslock/dsslock/internal/storetest"
 	"testing"
 	"time"
 
@@ -69,6 +70,7 @@ func TestSemaphoreStaleReservation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	storetest.SkipInitial(t, watch)
 	defer watch.Stop()
 	next := func(what string, ok func(lock.Holder, sskv.Event) bool) lock.Holder {
 		t.Helper()

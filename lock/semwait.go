@@ -277,8 +277,9 @@ func (cv *cover) signal() {
 	}
 }
 
-// start watches the slots, unless it does, and marks each to be tried
-// once: a slot freed before the watch would send nothing.
+// start watches the slots, unless it does. Each watch's first event, the
+// slot's state, marks a free slot to be tried: one freed before the watch
+// would send nothing.
 func (cv *cover) start(ctx context.Context) error {
 	cv.mu.Lock()
 	ended := cv.ended
@@ -297,14 +298,14 @@ func (cv *cover) start(ctx context.Context) error {
 	cv.mu.Unlock()
 	ws := make([]*sskv.Watcher, 0, cv.n-1)
 	for j := 1; j < cv.n; j++ {
-		w, err := cv.s.c.WatchFunc(ctx, SemaphoreSlot(cv.s.cfg.Name, j),
+		w, err := cv.s.c.Watch(ctx, SemaphoreSlot(cv.s.cfg.Name, j), sskv.WithCallback(
 			func(ev sskv.Event) { cv.onEvent(j, ev) },
 			func(error) {
 				cv.mu.Lock()
 				cv.ended = true
 				cv.mu.Unlock()
 				cv.signal()
-			})
+			}))
 		if err != nil {
 			for _, w := range ws {
 				w.Stop()
@@ -312,9 +313,6 @@ func (cv *cover) start(ctx context.Context) error {
 			return err
 		}
 		ws = append(ws, w)
-		cv.mu.Lock()
-		cv.pending[j] = true
-		cv.mu.Unlock()
 	}
 	cv.ws = ws
 	return nil

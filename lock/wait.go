@@ -129,6 +129,7 @@ func (r *racer) wait(ctx context.Context) (unknown bool, err error) {
 		// renews needs only its watch and the recheck timer.
 		retry, race *backoff.ExponentialBackOff
 		delay, hold *time.Timer
+		recheck     *time.Timer // the safeguard recheck (recheckAfter)
 		// The watch's events and the timers wake the waiter through box.
 		box = newWaitBox()
 		ttl = r.cfg.TTL
@@ -145,10 +146,9 @@ func (r *racer) wait(ctx context.Context) (unknown bool, err error) {
 	defer func() {
 		stopTimer(delay)
 		stopTimer(hold)
+		stopTimer(recheck)
 	}()
-	rechecks := rechecksOf(r.c)
-	rechecks.set(box, recheckAfter(ttl))
-	defer rechecks.stop(box)
+	recheck = box.arm(recheck, recheckTimer, recheckAfter(ttl))
 	// The wait sleeps on box and on the caller's context, which ends ctx
 	// too (Close ends ctx, then wakes box).
 	parent := ctx
@@ -181,7 +181,7 @@ func (r *racer) wait(ctx context.Context) (unknown bool, err error) {
 			} else {
 				var ok bool
 				ok, unknown, err = r.attempt(ctx, cn)
-				rechecks.set(box, recheckAfter(ttl))
+				recheck = box.arm(recheck, recheckTimer, recheckAfter(ttl))
 				switch {
 				case ok:
 					return false, nil
@@ -235,8 +235,8 @@ func (r *racer) wait(ctx context.Context) (unknown bool, err error) {
 					r.log.Debug("watch failed; retrying", "error", err)
 					retryLater()
 				} else {
+					// Its first event, the key's state now, is in box.
 					r.ww = waitWatch{w: w, box: box}
-					check = true
 					continue
 				}
 			}
@@ -262,6 +262,22 @@ func (r *racer) wait(ctx context.Context) (unknown bool, err error) {
 			rechecked = true
 		}
 		for _, ev := range evs {
+			if ev.Initial {
+				// The state the watch started from, read as part of its
+				// registration: the key may have been deleted since the
+				// attempt that found it held.
+				if ev.Op == sskv.OpDelete {
+					check = true
+					continue
+				}
+				seenHeld, known = true, true
+				if err := checkRecord(r.cfg.FenceKey, ev.Value); err != nil {
+					return unknown, err // a value that will never be released
+				}
+				still.see(r.log, &r.cfg, sskv.GetResult{Value: ev.Value, Version: ev.Version, Found: true}, rechecked)
+				rechecked = false
+				continue
+			}
 			if ev.Op == sskv.OpDelete || ev.Resync {
 				// Released or expired (or changed while notifications were
 				// lost): try at once, or after a short random delay if this
@@ -306,7 +322,7 @@ func (r *racer) wait(ctx context.Context) (unknown bool, err error) {
 // watchKey starts a waiter's watch of the key, a callback watch that hands
 // its events to box, and returns it; waitWatch.end ends it (at once: the
 // client unregisters it in the background). ctx bounds only the
-// registration (sskv.WatchFuncDetached): the wait ends the watch when it
+// registration (sskv.Detached): the wait ends the watch when it
 // returns, unless a FenceKey holding takes it over (see holding.guard), and
 // then it lasts as long as the holding. So a sleeping waiter's watch costs
 // no context of its own.
@@ -315,7 +331,7 @@ func (r *racer) watchKey(ctx context.Context, box *waitBox) (*sskv.Watcher, erro
 	// for the client's RequestTimeout: after a TTL, give up on this watch
 	// and check again.
 	rctx, cancel := r.until(ctx, time.Now().Add(r.cfg.TTL))
-	w, err := r.c.WatchFuncDetached(rctx, r.cfg.Name, box.event, box.done)
+	w, err := r.c.Watch(rctx, r.cfg.Name, sskv.WithCallback(box.event, box.done), sskv.Detached())
 	cancel()
 	if err == nil && ctx.Err() != nil {
 		go w.Stop()
@@ -436,7 +452,7 @@ func (l *Lock) reservedOn(ctx context.Context, cn *sskv.Conn) (hlc.Timestamp, bo
 type waitWatch struct {
 	w      *sskv.Watcher
 	cancel context.CancelFunc // ends the watch; nil for one of watchKey's
-	box    *waitBox           // a callback watch's (watchKey's), which hands it over; nil for a channel watch
+	box    *waitBox           // where its events go, which a holding's guard takes over
 }
 
 // end ends the watch, if any: with cancel, or else (a watch of
@@ -583,11 +599,11 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 				return false, nil
 			}
 		}
-		var kw keyWatch
+		var kw waitWatch
 		if l.cfg.FenceKey {
 			// The holding's guard goes on with the watch of the key.
 			if kw = q.takeKeyWatch(); kw.w != nil {
-				l.watch = waitWatch{w: kw.w, cancel: kw.cancel}
+				l.watch = kw
 			}
 		}
 		ok, err := l.attemptFenced(ctx, cn, ft)

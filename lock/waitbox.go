@@ -25,11 +25,6 @@ type waitBox struct {
 	ended bool         // the watch ended (its done was called)
 	fired timers       // the timers that fired since the waiter last looked
 
-	// Guarded by the client's rechecks' mu: the recheck's place in its
-	// heap (-1 if none), and when it is due.
-	index int32
-	due   time.Duration
-
 	// to is the holding that has taken the watch over: its events and its
 	// end go to its guard (judge, guardEnded).
 	to *holding
@@ -39,13 +34,13 @@ type waitBox struct {
 type timers uint8
 
 const (
-	recheckTimer timers = 1 << iota // the recheck after recheckAfter (see rechecks)
+	recheckTimer timers = 1 << iota // the safeguard recheck, after recheckAfter
 	delayTimer                      // a retry's or a lost race's delay
 	holdTimer                       // the end of a hold-off
 )
 
 func newWaitBox() *waitBox {
-	return &waitBox{wake: make(chan struct{}, 1), index: -1}
+	return &waitBox{wake: make(chan struct{}, 1)}
 }
 
 // poke wakes the waiter, unless a wake-up is pending.

@@ -120,9 +120,9 @@ func BenchmarkGetParallel64(b *testing.B) {
 }
 
 // BenchmarkIdleWatchers: what an idle watcher of a key of its own costs,
-// registration included, once it has had an event: heap bytes and
-// goroutines per watcher, for a channel watcher (Watch) and a callback
-// watcher (WatchFunc).
+// registration included, once it has had its Initial event and a change:
+// heap bytes and goroutines per watcher, for a channel watcher (Watch) and
+// a callback watcher (WithCallback).
 func BenchmarkIdleWatchers(b *testing.B) {
 	const n = 1000
 	srv := startStore(b, localstore.Config{})
@@ -133,7 +133,7 @@ func BenchmarkIdleWatchers(b *testing.B) {
 			var bytes, goroutines float64
 			for b.Loop() {
 				// A client of its own, closed at the end: Close waits for
-				// the STOPs a WatchFunc watcher's Stop sends in the
+				// the STOPs a callback watcher's Stop sends in the
 				// background, before the next round measures.
 				c, err := tryDial(b, srv)
 				if err != nil {
@@ -151,10 +151,19 @@ func BenchmarkIdleWatchers(b *testing.B) {
 					if kind == "chan" {
 						ws[i], err = c.Watch(ctx, key)
 					} else {
-						ws[i], err = c.WatchFunc(ctx, key, func(sskv.Event) { got <- struct{}{} }, nil)
+						ws[i], err = c.Watch(ctx, key, sskv.WithCallback(func(ev sskv.Event) {
+							if !ev.Initial {
+								got <- struct{}{}
+							}
+						}, nil))
 					}
 					if err != nil {
 						b.Fatal(err)
+					}
+				}
+				if kind == "chan" {
+					for _, w := range ws {
+						<-w.Events() // the Initial event, read before the change as a live consumer would
 					}
 				}
 				for _, key := range keys {

@@ -14,6 +14,7 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 
 	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/internal/clientlocal"
 	"github.com/dsslock/dsslock/sskv/internal/wire"
 )
 
@@ -75,8 +76,7 @@ type Client struct {
 
 	testHookSync func(key string) // tests: called by a watch's sync before its KEYNOTIFY
 
-	sharedMu sync.Mutex
-	shared   map[any]any // see Shared
+	local clientlocal.Values // values of the module's own packages (internal/clientlocal)
 }
 
 // connState is one state of the connection. gen counts connections: it is 0
@@ -169,24 +169,8 @@ func (c *Client) Close() error {
 // to fail.
 func (c *Client) Done() <-chan struct{} { return c.ctx.Done() }
 
-// Shared returns the value this client keeps under key, calling create to
-// make it the first time. It lets a package built on the client keep one
-// instance of something per client without global state: package lock
-// renews all the leases taken through a client with one scheduler. Use a
-// key of an unexported type, as with context values. create runs once per
-// key, under a lock: it must not call Shared.
-func (c *Client) Shared(key any, create func() any) any {
-	c.sharedMu.Lock()
-	defer c.sharedMu.Unlock()
-	if v, ok := c.shared[key]; ok {
-		return v
-	}
-	if c.shared == nil {
-		c.shared = make(map[any]any)
-	}
-	v := create()
-	c.shared[key] = v
-	return v
+func init() {
+	clientlocal.Of = func(c any) *clientlocal.Values { return &c.(*Client).local }
 }
 
 // spawn runs f on a goroutine that Close waits for. It reports false, and

@@ -319,6 +319,7 @@ func TestNewFromConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	wantInitial(t, w, sskv.OpDelete, "")
 	if err := srv.Kick(id); err != nil {
 		t.Fatal(err)
 	}

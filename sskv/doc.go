@@ -18,7 +18,7 @@
 // an autopaho connection the application owns. [Client.Get], [Client.Set],
 // [Client.Del] and [Client.VDel] each send one request and wait for its
 // answer; any number may be in flight. [Client.Watch] delivers a key's
-// changes (KEYNOTIFY).
+// state, then its changes (KEYNOTIFY).
 //
 // # Results and errors
 //
@@ -60,8 +60,9 @@
 //     ([ErrTimestampSkew], [ErrFencingTokenSkew]), at once, without retry. A
 //     client whose clock ran ahead stays refused until real time catches up
 //     with the furthest time it read (or it is recreated).
-//   - A watcher sees every change made after Watch returns, in version
-//     order, none twice. What it may have missed (a reconnect, the broker
+//   - A watcher first gets the key's state when it was registered
+//     (Event.Initial), then every change after it, in version order, none
+//     twice. What it may have missed (a reconnect, the broker
 //     losing the session, a consumer slower than Config.WatchBuffer) comes
 //     as one Event with Resync set, carrying the key's latest known state;
 //     the last event always reflects the latest state the client knows.

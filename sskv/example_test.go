@@ -100,21 +100,24 @@ func ExampleClient_Watch() {
 	}
 	defer c.Close()
 
+	_, _ = c.Set(ctx, "setpoint", []byte("20.0"), sskv.SetOptions{})
 	w, err := c.Watch(ctx, "setpoint")
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer w.Stop()
 
+	// The first event is the state the watch starts from; then each change.
 	_, _ = c.Set(ctx, "setpoint", []byte("21.5"), sskv.SetOptions{})
 	_, _ = c.Del(ctx, "setpoint", sskv.DelOptions{})
-	for i := 0; i < 2; i++ {
+	for i := 0; i < 3; i++ {
 		ev := <-w.Events()
-		fmt.Printf("%s %s %q\n", ev.Op, ev.Key, ev.Value)
+		fmt.Printf("%s %s %q initial=%v\n", ev.Op, ev.Key, ev.Value, ev.Initial)
 	}
 	// Output:
-	// SET setpoint "21.5"
-	// DELETE setpoint ""
+	// SET setpoint "20.0" initial=true
+	// SET setpoint "21.5" initial=false
+	// DELETE setpoint "" initial=false
 }
 
 func ExampleServiceError() {
@@ -138,8 +141,9 @@ func ExampleServiceError() {
 }
 
 // A callback watch: no channel to read and no goroutine of its own. The
-// function gets each change in order, and must return quickly.
-func ExampleClient_WatchFunc() {
+// function gets the state the watch starts from (here: no key), then each
+// change in order, and must return quickly.
+func ExampleWithCallback() {
 	srv, err := localstore.Start(localstore.Config{})
 	if err != nil {
 		log.Fatal(err)
@@ -155,9 +159,9 @@ func ExampleClient_WatchFunc() {
 
 	changes := make(chan string, 16)
 	ended := make(chan error, 1)
-	w, err := c.WatchFunc(ctx, "config", func(ev sskv.Event) {
-		changes <- fmt.Sprintf("%v %q", ev.Op, ev.Value) // never blocks: the channel has room
-	}, func(err error) { ended <- err })
+	w, err := c.Watch(ctx, "config", sskv.WithCallback(func(ev sskv.Event) {
+		changes <- fmt.Sprintf("%v %q initial=%v", ev.Op, ev.Value, ev.Initial) // never blocks: the channel has room
+	}, func(err error) { ended <- err }))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -169,10 +173,12 @@ func ExampleClient_WatchFunc() {
 	}
 	fmt.Println(<-changes)
 	fmt.Println(<-changes)
+	fmt.Println(<-changes)
 	w.Stop()
 	fmt.Println("ended:", <-ended)
 	// Output:
-	// SET "v1"
-	// DELETE ""
+	// DELETE "" initial=true
+	// SET "v1" initial=false
+	// DELETE "" initial=false
 	// ended: <nil>
 }

@@ -157,6 +157,30 @@ func nextEvent(t testing.TB, w *sskv.Watcher) sskv.Event {
 	}
 }
 
+// wantInitial returns w's first event, failing unless it is the Initial
+// event carrying the state op and value (a missing key has no version).
+func wantInitial(t testing.TB, w *sskv.Watcher, op sskv.Op, value string) sskv.Event {
+	t.Helper()
+	ev := nextEvent(t, w)
+	checkInitial(t, ev, w.Key(), op, value)
+	return ev
+}
+
+// checkInitial fails unless ev is the Initial event of key carrying the
+// state op and value.
+func checkInitial(t testing.TB, ev sskv.Event, key string, op sskv.Op, value string) {
+	t.Helper()
+	if !ev.Initial || ev.Resync || ev.Key != key || ev.Op != op || string(ev.Value) != value {
+		t.Fatalf("first event %+v; want Initial %v %q of %q", ev, op, value, key)
+	}
+	if op == sskv.OpDelete && (ev.Value != nil || !ev.Version.IsZero()) {
+		t.Fatalf("Initial event of a missing key %+v; want no value and a zero version", ev)
+	}
+	if op == sskv.OpSet && ev.Version.IsZero() {
+		t.Fatalf("Initial event %+v has no version", ev)
+	}
+}
+
 // noEvent fails if w has an event ready now.
 func noEvent(t testing.TB, w *sskv.Watcher) {
 	t.Helper()

@@ -270,11 +270,24 @@ func TestLoadNoLostNotifications(t *testing.T) {
 				}
 			}
 			set := targetsSet
+			initial := false // the Initial event was received
 			for {
 				select {
 				case ev, ok := <-lw.w.Events():
 					if !ok {
 						return
+					}
+					if ev.Initial {
+						// The state the watch starts from: the baseline,
+						// set before every watch and before any write.
+						if ev.Op != sskv.OpSet || string(ev.Value) != "baseline" || (ver{ev.Version.Wall, ev.Version.Counter}) != base[lw.key] || initial || len(lw.evs) > 0 {
+							bad("client %d, key %q: Initial event %+v; want the baseline at %v, first", lw.client, key, ev, base[lw.key])
+						}
+						initial = true
+						continue
+					}
+					if !initial {
+						bad("client %d, key %q: event %+v before the Initial event", lw.client, key, ev)
 					}
 					delivered.Add(1)
 					se := seenEvent{v: ver{ev.Version.Wall, ev.Version.Counter}, resync: ev.Resync, del: ev.Op == sskv.OpDelete}

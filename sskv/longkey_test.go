@@ -26,8 +26,8 @@ func TestWatchKeyTooLong(t *testing.T) {
 	before := srv.Requests(c.ID())
 	for _, watch := range []func() error{
 		func() error { _, err := c.Watch(ctx, long); return err },
-		func() error { _, err := c.WatchDetached(ctx, long); return err },
-		func() error { _, err := c.WatchFunc(ctx, long, func(sskv.Event) {}, nil); return err },
+		func() error { _, err := c.Watch(ctx, long, sskv.Detached()); return err },
+		func() error { _, err := c.Watch(ctx, long, sskv.WithCallback(func(sskv.Event) {}, nil)); return err },
 	} {
 		if err := watch(); !errors.Is(err, sskv.ErrKeyTooLong) {
 			t.Fatalf("watch of a %d-byte key = %v; want ErrKeyTooLong", len(long), err)
@@ -43,6 +43,7 @@ func TestWatchKeyTooLong(t *testing.T) {
 		t.Fatalf("watch of the longest key: %v", err)
 	}
 	defer w.Stop()
+	wantInitial(t, w, sskv.OpDelete, "")
 	if _, err := c.Set(ctx, longest, []byte("v"), sskv.SetOptions{}); err != nil {
 		t.Fatal(err)
 	}

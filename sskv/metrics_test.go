@@ -66,6 +66,7 @@ func TestMetricsHooks(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Stop()
+	wantInitial(t, w, sskv.OpDelete, "")
 	s, err := c.Set(ctx, "k", []byte("v"), sskv.SetOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -261,6 +261,7 @@ func TestPartitionHeal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	wantInitial(t, w, sskv.OpDelete, "")
 
 	p.Blackhole()
 	if _, err := other.Set(ctx, "w", []byte("during"), sskv.SetOptions{}); err != nil {

@@ -131,6 +131,7 @@ func TestSetExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Stop()
+	wantInitial(t, w, sskv.OpDelete, "")
 	s, err := c.Set(ctx, "lease", []byte("me"), sskv.SetOptions{Expiry: 30*time.Millisecond + 500*time.Microsecond})
 	if err != nil || !s.Applied {
 		t.Fatalf("Set PX: %+v, %v", s, err)

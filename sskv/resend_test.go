@@ -228,6 +228,8 @@ func TestSyncMissRacesNotification(t *testing.T) {
 		t.FailNow()
 	}
 	defer w.Stop()
+	// The watch starts from v1, not from the late "not found".
+	wantInitial(t, w, sskv.OpSet, "v1")
 	srv.SetResponseFault(c.ID(), localstore.ResponseFault{})
 	d, err := other.Del(ctx, "k", sskv.DelOptions{})
 	if err != nil || !d.Deleted {
@@ -251,6 +253,7 @@ func TestNoRepeatedResync(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Stop()
+	wantInitial(t, w, sskv.OpDelete, "")
 	var last sskv.SetResult
 	for _, v := range []string{"v1", "v2", "v3"} { // w reads nothing: v2 and v3 overflow
 		if last, err = other.Set(ctx, "k", []byte(v), sskv.SetOptions{}); err != nil {
@@ -305,6 +308,7 @@ func TestStaleNotificationAfterResync(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Stop()
+	wantInitial(t, w, sskv.OpDelete, "")
 	if _, err := other.Set(ctx, "k", []byte("v1"), sskv.SetOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -426,6 +430,7 @@ func TestWatchAcrossRestartWithClockBehind(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Stop()
+	wantInitial(t, w, sskv.OpDelete, "")
 	if _, err := c.Set(ctx, "k", []byte("old"), sskv.SetOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -464,6 +469,7 @@ func TestNoRepeatedResyncWhileForwarding(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Stop()
+	wantInitial(t, w, sskv.OpDelete, "")
 	set := func(v string) sskv.SetResult {
 		t.Helper()
 		r, err := other.Set(ctx, "k", []byte(v), sskv.SetOptions{})

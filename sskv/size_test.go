@@ -27,6 +27,7 @@ func TestTooLargeRefusedAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Stop()
+	wantInitial(t, w, sskv.OpDelete, "")
 	before, err := c.Connection(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -30,7 +30,8 @@ func (o Op) String() string {
 	return "Op(" + strconv.Itoa(int(o)) + ")"
 }
 
-// Event is a change of a watched key.
+// Event is a state of a watched key: the state the watch starts from, then
+// each change.
 type Event struct {
 	Key string
 	Op  Op
@@ -38,10 +39,15 @@ type Event struct {
 	// with other watchers of the key: do not modify it.
 	Value []byte
 	// Version is the key's new version for OpSet, and the service's time of
-	// the deletion for OpDelete. It is zero in a Resync event reporting a
-	// deletion the client did not see happen (the service gives no version
-	// for a missing key).
+	// the deletion for OpDelete. It is zero when the key is absent and the
+	// client did not see it deleted: in the Initial event of a missing key,
+	// and in a Resync event reporting a deletion the client missed (the
+	// service gives no version for a missing key).
 	Version hlc.Timestamp
+	// Initial marks the first event of every watch: the key's state when
+	// the watch was registered, read as part of the registration (OpSet
+	// with the value and version, or OpDelete if the key is missing).
+	Initial bool
 	// Resync marks an event that reports the key's latest known state in
 	// place of changes the watcher did not get one by one: changes made
 	// while the connection was down, or events coalesced because the
@@ -49,18 +55,18 @@ type Event struct {
 	Resync bool
 }
 
-// Watcher receives the changes of one key. Create one with [Client.Watch],
-// which delivers them on the [Watcher.Events] channel, or [Client.WatchFunc],
-// which calls a function with them.
+// Watcher receives the states of one key (see [Client.Watch]): on the
+// [Watcher.Events] channel, or by calling the function given with
+// [WithCallback].
 //
 // Events are delivered in version order and none twice. Each Watcher buffers
 // up to Config.WatchBuffer events (a channel watcher one more, in its
-// channel); a consumer that falls further behind never
-// blocks the connection or other watchers: its later events are coalesced
-// into a single Resync event carrying the key's latest known state, delivered
+// channel); a consumer that falls further behind never blocks the
+// connection or other watchers: its later events are coalesced into a
+// single Resync event carrying the key's latest known state, delivered
 // after the buffered ones as soon as the consumer reads again. So the last
-// event a watcher receives always reflects the latest state the client knows,
-// and its memory stays bounded.
+// event a watcher receives always reflects the latest state the client
+// knows, and its memory stays bounded.
 //
 // An idle Watcher costs no goroutine and no buffer: an event goes straight
 // into the Events channel (of capacity 1) when it is empty, and a goroutine
@@ -68,102 +74,96 @@ type Event struct {
 type Watcher struct {
 	c   *Client
 	reg *registration // the key's registration when the watcher was made; reg.key is the key
-	out chan Event    // nil for a WatchFunc watcher
-	fn  func(Event)   // WatchFunc's f; nil for a channel watcher
+	out chan Event    // nil for a callback watcher
+	fn  func(Event)   // WithCallback's f; nil for a channel watcher
 	// fwd exists once a channel watcher's forwarder has run: a watcher
 	// whose consumer keeps up never needs it.
 	fwd *forwarder
 
 	// Guarded by c.wmu.
-	onDone    func(error) // WatchFunc's done, until it is called
+	onDone    func(error) // WithCallback's done, until it is called
 	q         []Event     // ring buffer of pending events, grown up to Config.WatchBuffer; nil while empty
 	head, n   int32
 	running   bool // a forwarder goroutine runs, or f is being called: only while events are pending
 	held      bool // the forwarder holds an event it is sending: it counts against the buffer
 	outClosed bool // the watch has ended and delivers nothing more (Events is closed, done was called)
-	chClosed  bool // Events is closed: the watch ended, or was handed off to a function
 	resync    bool // a Resync event is owed after the queue
 	ended     bool
-	last      stamp // the state of the last event handed out (or the baseline), so that a Resync never repeats it
+	// initOwed: the watcher joined a registration in the middle of its
+	// resync after a reconnect; its Initial event is the state the resync
+	// reads.
+	initOwed  bool
+	last      stamp // the state of the last event handed out, so that a Resync never repeats it
 	err       error
 	stopAfter func() bool
 }
 
-// Watch starts watching key and returns once the watch is registered with the
-// service: every change made after Watch returns is delivered on
-// [Watcher.Events]. Watchers of the same key share one registration, which is
-// ended (KEYNOTIFY STOP) when the last of them stops.
+// WatchOption changes how [Client.Watch] delivers a watch's events, or how
+// long the watch lasts.
+type WatchOption func(*watchConfig)
+
+type watchConfig struct {
+	callback bool // WithCallback was given
+	fn       func(Event)
+	done     func(error)
+	detached bool
+}
+
+// WithCallback has the watch call f with each event, in place of the Events
+// channel, and done once when the watch ends, with the reason
+// [Watcher.Err] gives (nil after Stop). A callback watch has no channel and
+// no goroutine of its own: idle, it costs only its registration.
+//
+// f is called for one event at a time, never concurrently, and done after
+// the last call of f has returned. f may be called before Watch returns.
+// f and done run on the client's goroutines (done also in Stop or Close),
+// often the one that receives every response and notification of the
+// connection: they must return quickly, and must not wait for anything the
+// client does, such as a request's answer (hand such work to a goroutine
+// of your own). They may call [Watcher.Stop]. While f is slow, later events
+// queue and are coalesced as for a slow reader of Events. If Watch returns
+// an error, done is never called and f is not called after Watch returned.
+// A nil done is allowed.
+func WithCallback(f func(Event), done func(error)) WatchOption {
+	return func(o *watchConfig) { o.callback, o.fn, o.done = true, f, done }
+}
+
+// Detached has ctx bound only the registration: once Watch has returned,
+// the watch lasts until [Watcher.Stop] is called, the Client is closed, or
+// the service refuses to register it again after a reconnect, whatever ctx
+// does. A watch that lasts as long as something other than a context (a
+// lease, say) so costs no context of its own.
+func Detached() WatchOption {
+	return func(o *watchConfig) { o.detached = true }
+}
+
+// Watch starts watching key and returns once the watch is registered with
+// the service and the key has been read. The first event is the key's
+// state then (Initial); every change made after it follows, in order.
+// Watchers of the same key share one registration, which is ended
+// (KEYNOTIFY STOP) when the last of them stops.
 //
 // The watch survives reconnects: the client registers it again by itself,
 // reads the key, and delivers one Resync event if the key changed while the
-// connection was down. The watch ends, and the Events channel is closed,
-// when ctx is done, Stop is called, the Client is closed, or the service
-// refuses to register it again after a reconnect; [Watcher.Err] says which.
-func (c *Client) Watch(ctx context.Context, key string) (*Watcher, error) {
-	return c.watch(ctx, key, nil, nil, false)
-}
-
-// WatchFunc is [Client.Watch] with a function in place of the Events
-// channel: it calls f with each event of key, and done once when the watch
-// ends, with the reason Watch's [Watcher.Err] gives (nil after Stop). It
-// has no channel and no goroutine of its own: an idle callback watch costs
-// only its registration.
-//
-// Everything Watch promises holds: events come in version order, none
-// twice, Resync events report changes missed during a disconnect or
-// coalesced, and the watch is registered again after a reconnect. f is
-// called for one event at a time, never concurrently for one watcher, and
-// done after the last call of f has returned; f may be called before
-// WatchFunc returns.
-//
-// f and done run on the client's goroutines (done also in Stop, or
-// Close), often the one that receives every response and notification of
-// the connection: they must
-// return quickly, and must not wait for anything the client does, such as
-// a request's answer (hand such work to a goroutine of your own). They may
-// call [Watcher.Stop]. While f is slow, the watcher's later events queue
-// and are coalesced as for a slow reader of Events.
-//
-// If WatchFunc returns an error, done is never called and f is not called
-// after it returned.
-func (c *Client) WatchFunc(ctx context.Context, key string, f func(Event), done func(error)) (*Watcher, error) {
-	return c.watchFunc(ctx, key, f, done, false)
-}
-
-// WatchDetached is [Client.Watch] with ctx bounding only the registration:
-// once WatchDetached has returned, the watch lasts until [Watcher.Stop] is
-// called, the Client is closed, or the service refuses to register it
-// again after a reconnect, whatever ctx does. A watch that lasts as long as
-// something other than a context (a lease, say) so costs no context of its
-// own and nothing registered with ctx.
-func (c *Client) WatchDetached(ctx context.Context, key string) (*Watcher, error) {
-	return c.watch(ctx, key, nil, nil, true)
-}
-
-// WatchFuncDetached is [Client.WatchFunc] with ctx bounding only the
-// registration, as for [Client.WatchDetached]: once it has returned, the
-// watch lasts until Stop, Close or a refused re-registration.
-func (c *Client) WatchFuncDetached(ctx context.Context, key string, f func(Event), done func(error)) (*Watcher, error) {
-	return c.watchFunc(ctx, key, f, done, true)
-}
-
-func (c *Client) watchFunc(ctx context.Context, key string, f func(Event), done func(error), detached bool) (*Watcher, error) {
-	if f == nil {
-		return nil, keyErr("watch", key, errors.New("nil function"))
+// connection was down. The watch ends, and the Events channel is closed (or
+// done is called), when ctx is done (unless [Detached]), Stop is called,
+// the Client is closed, or the service refuses to register it again after a
+// reconnect; [Watcher.Err] says which.
+func (c *Client) Watch(ctx context.Context, key string, opts ...WatchOption) (*Watcher, error) {
+	var o watchConfig
+	for _, opt := range opts {
+		opt(&o)
 	}
-	if done == nil {
-		done = func(error) {}
+	if o.callback && o.fn == nil {
+		return nil, keyErr("watch", key, errors.New("WithCallback: nil function"))
 	}
-	return c.watch(ctx, key, f, done, detached)
-}
-
-// watch registers a watcher of key. Unless detached, ctx also bounds the
-// life of the watch.
-func (c *Client) watch(ctx context.Context, key string, f func(Event), done func(error), detached bool) (*Watcher, error) {
+	if o.callback && o.done == nil {
+		o.done = func(error) {}
+	}
 	if max := c.MaxWatchKey(); len(key) > max {
 		return nil, keyErr("watch", key, fmt.Errorf("%w: %d bytes; client %q can watch keys of at most %d", ErrKeyTooLong, len(key), c.id, max))
 	}
-	w, reg, err := c.attach(ctx, key, f)
+	w, reg, err := c.attach(ctx, key, o.fn)
 	if err != nil {
 		return nil, keyErr("watch", key, err)
 	}
@@ -178,10 +178,10 @@ func (c *Client) watch(ctx context.Context, key string, f func(Event), done func
 	}
 	c.wmu.Lock()
 	if !w.ended {
-		if !detached {
+		if !o.detached {
 			w.stopAfter = context.AfterFunc(ctx, func() { w.end(ctx.Err(), true) })
 		}
-		w.onDone = done // from now on the end is reported
+		w.onDone = o.done // from now on the end is reported
 	}
 	err = w.err
 	c.wmu.Unlock()
@@ -198,7 +198,7 @@ func (c *Client) watch(ctx context.Context, key string, f func(Event), done func
 func (c *Client) MaxWatchKey() int { return max(0, wire.MaxNotifyKey(c.id)) }
 
 // Events returns the channel of the watcher's events. It is closed when the
-// watch ends. A watcher made by WatchFunc has none: Events returns nil.
+// watch ends. A callback watcher has none: Events returns nil.
 func (w *Watcher) Events() <-chan Event { return w.out }
 
 // Key returns the watched key.
@@ -215,52 +215,12 @@ func (w *Watcher) Err() error {
 }
 
 // Stop ends the watch. A channel watcher's Events channel is closed, and
-// empty, before Stop returns. A WatchFunc watcher's f is not called after
+// empty, before Stop returns. A callback watcher's f is not called after
 // Stop returns, except for a call already under way on another goroutine;
 // done is called once that has returned, maybe after Stop did. Stop may be
 // called from f or done. When it is the key's last watcher, Stop also ends
 // the registration with the service (KEYNOTIFY STOP, bounded by
 // RequestTimeout; skipped while disconnected, since the service ends
-// watches on disconnect; a WatchFunc watcher's goes out in the background).
+// watches on disconnect; a callback watcher's goes out in the background).
 // Stop is idempotent.
 func (w *Watcher) Stop() { w.end(nil, true) }
-
-// Handoff turns a watcher made by [Client.Watch] into one like those of
-// [Client.WatchFunc]: from now on f is called with its events, starting
-// with those not yet received from the Events channel, and done once when
-// the watch ends. The Events channel is closed, without ending the watch.
-// Nothing may receive from Events meanwhile or after. f and done follow
-// the rules of WatchFunc; f may be called before Handoff returns. A
-// program that stops reading a watcher can so go on with it without a
-// goroutine, and without missing or repeating an event.
-//
-// Handoff returns once Events is closed. It reports false, and changes
-// nothing, if the watch has ended or was made by WatchFunc or handed off
-// already.
-func (w *Watcher) Handoff(f func(Event), done func(error)) bool {
-	if f == nil {
-		return false
-	}
-	if done == nil {
-		done = func(error) {}
-	}
-	c := w.c
-	c.wmu.Lock()
-	if w.ended || w.fn != nil {
-		c.wmu.Unlock()
-		return false
-	}
-	w.fn, w.onDone = f, done
-	if w.running {
-		close(w.fwd.stop) // the forwarder hands over (see run)
-		c.wmu.Unlock()
-		<-w.fwd.exited
-		return true
-	}
-	next := w.handOver()
-	c.wmu.Unlock()
-	if next != nil {
-		next.deliver()
-	}
-	return true
-}

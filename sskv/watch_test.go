@@ -19,7 +19,8 @@ func TestWatchEvents(t *testing.T) {
 	other := dial(t, srv)
 	ctx := testCtx(t)
 
-	if _, err := other.Set(ctx, "k", []byte("before"), sskv.SetOptions{}); err != nil {
+	s0, err := other.Set(ctx, "k", []byte("before"), sskv.SetOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
 	w, err := c.Watch(ctx, "k")
@@ -29,6 +30,10 @@ func TestWatchEvents(t *testing.T) {
 	defer w.Stop()
 	if w.Key() != "k" {
 		t.Fatalf("Key() = %q", w.Key())
+	}
+	// First the state the watch starts from, then each change.
+	if ev := wantInitial(t, w, sskv.OpSet, "before"); ev.Version != s0.Version {
+		t.Fatalf("Initial event %+v; want version %v", ev, s0.Version)
 	}
 	s1, _ := other.Set(ctx, "k", []byte("one"), sskv.SetOptions{})
 	s2, _ := other.Set(ctx, "k", []byte("two"), sskv.SetOptions{})
@@ -48,7 +53,7 @@ func TestWatchEvents(t *testing.T) {
 	var last hlc.Timestamp
 	for i, wv := range want {
 		ev := nextEvent(t, w)
-		if ev.Key != "k" || ev.Op != wv.op || string(ev.Value) != wv.value || ev.Resync {
+		if ev.Key != "k" || ev.Op != wv.op || string(ev.Value) != wv.value || ev.Resync || ev.Initial {
 			t.Fatalf("event %d: %+v, want %v %q", i, ev, wv.op, wv.value)
 		}
 		if !wv.version.IsZero() && ev.Version != wv.version {
@@ -81,6 +86,8 @@ func TestWatchSharedRegistration(t *testing.T) {
 	if !srv.Watching(c.ID(), "k") {
 		t.Fatal("no watch registered")
 	}
+	wantInitial(t, w1, sskv.OpDelete, "")
+	wantInitial(t, w2, sskv.OpDelete, "")
 	if _, err := other.Set(ctx, "k", []byte("a"), sskv.SetOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -120,6 +127,7 @@ func TestWatchSharedRegistration(t *testing.T) {
 	if !srv.Watching(c.ID(), "k") {
 		t.Fatal("no watch registered")
 	}
+	wantInitial(t, w3, sskv.OpSet, "b")
 }
 
 func TestWatchEnds(t *testing.T) {
@@ -131,6 +139,7 @@ func TestWatchEnds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	wantInitial(t, w, sskv.OpDelete, "")
 	cancel()
 	if _, ok := <-w.Events(); ok {
 		t.Fatal("event after the context ended")
@@ -176,10 +185,12 @@ func TestWatchResyncAfterReconnect(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer quiet.Stop()
+	wantInitial(t, w, sskv.OpDelete, "")
+	wantInitial(t, quiet, sskv.OpDelete, "")
 	if _, err := other.Set(ctx, "k", []byte("v1"), sskv.SetOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if ev := nextEvent(t, w); string(ev.Value) != "v1" {
+	if ev := nextEvent(t, w); ev.Initial || string(ev.Value) != "v1" {
 		t.Fatalf("event %+v", ev)
 	}
 
@@ -199,7 +210,7 @@ func TestWatchResyncAfterReconnect(t *testing.T) {
 	writeFile(t, pwFile, "good")
 
 	ev := nextEvent(t, w)
-	if !ev.Resync || ev.Op != sskv.OpSet || string(ev.Value) != "v3" || ev.Version != s3.Version {
+	if !ev.Resync || ev.Initial || ev.Op != sskv.OpSet || string(ev.Value) != "v3" || ev.Version != s3.Version {
 		t.Fatalf("event %+v, want Resync SET v3 %v", ev, s3.Version)
 	}
 	// Live again; the unchanged key got no resync.
@@ -241,6 +252,7 @@ func TestWatchUnderWritesAndKicks(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Stop()
+	wantInitial(t, w, sskv.OpDelete, "")
 	const n = 300
 	writes := make(chan error, 1)
 	go func() {
@@ -289,6 +301,8 @@ func TestSlowWatcher(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer fast.Stop()
+	wantInitial(t, slow, sskv.OpDelete, "")
+	wantInitial(t, fast, sskv.OpDelete, "")
 
 	const n = 100
 	for i := 1; i <= n; i++ {
@@ -337,29 +351,30 @@ func writeFile(t testing.TB, path, content string) {
 }
 
 // A detached watch outlives the context of its registration: it reports
-// changes after that context ended, and ends with Stop.
+// changes after that context ended, and ends with Stop; so does a detached
+// callback watch.
 func TestWatchDetachedOutlivesContext(t *testing.T) {
 	srv := startStore(t, localstore.Config{})
 	c := dial(t, srv)
 	other := dial(t, srv)
 
 	ctx, cancel := context.WithCancel(context.Background())
-	w, err := c.WatchDetached(ctx, "k")
+	w, err := c.Watch(ctx, "k", sskv.Detached())
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got []sskv.Event
-	done := make(chan error, 1)
-	wf, err := c.WatchFuncDetached(ctx, "k", func(ev sskv.Event) { got = append(got, ev) }, func(err error) { done <- err })
-	if err != nil {
-		t.Fatal(err)
-	}
+	fw := watchCallback(t, c, ctx, "k", sskv.Detached())
 	cancel()
+	wantInitial(t, w, sskv.OpDelete, "")
+	fw.initial(sskv.OpDelete, "")
 	if _, err := other.Set(testCtx(t), "k", []byte("after"), sskv.SetOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if ev := nextEvent(t, w); ev.Op != sskv.OpSet || string(ev.Value) != "after" {
 		t.Fatalf("event %+v, want the SET made after the context ended", ev)
+	}
+	if ev := fw.next(); ev.Op != sskv.OpSet || string(ev.Value) != "after" {
+		t.Fatalf("callback event %+v, want the SET made after the context ended", ev)
 	}
 	w.Stop()
 	if _, ok := <-w.Events(); ok {
@@ -368,12 +383,10 @@ func TestWatchDetachedOutlivesContext(t *testing.T) {
 	if w.Err() != nil {
 		t.Fatalf("Err after Stop = %v, want nil", w.Err())
 	}
-	wf.Stop() // returns once f has returned for the last time
-	if err := <-done; err != nil {
+	fw.w.Stop() // returns once f has returned for the last time
+	if err := fw.end(); err != nil {
 		t.Fatalf("done(%v) after Stop, want nil", err)
 	}
-	if len(got) != 1 || string(got[0].Value) != "after" {
-		t.Fatalf("WatchFuncDetached saw %+v, want the one SET", got)
-	}
+	fw.noEvent()
 	eventually(t, "the registration to end", func() bool { return !srv.Watching(c.ID(), "k") })
 }

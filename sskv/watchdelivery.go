@@ -7,7 +7,7 @@ type forwarder struct {
 	exited chan struct{} // closed when the Events channel is
 }
 
-// deliveries are the WatchFunc watchers that have events to deliver and
+// deliveries are the callback watchers that have events to deliver and
 // no call of f under way: whoever made them so calls f for them, after
 // releasing c.wmu, on its own goroutine. Most keys have one watcher.
 type deliveries struct {
@@ -107,7 +107,7 @@ func (w *Watcher) markResync() *Watcher {
 
 // signal has the watcher's pending events delivered, unless a delivery is
 // under way: it starts a channel watcher's forwarder, and returns a
-// WatchFunc watcher for the caller to deliver (nil otherwise). The caller
+// callback watcher for the caller to deliver (nil otherwise). The caller
 // holds c.wmu.
 func (w *Watcher) signal() *Watcher {
 	if w.running || w.outClosed {
@@ -134,8 +134,7 @@ func (w *Watcher) closeOut() (done func(error)) {
 	}
 	w.outClosed = true
 	w.q, w.head, w.n, w.resync = nil, 0, 0, false
-	if w.out != nil && !w.chClosed {
-		w.chClosed = true
+	if w.out != nil {
 		select {
 		case <-w.out: // not received before the end: a stopped watcher's channel is empty
 		default:
@@ -150,43 +149,6 @@ func (w *Watcher) closeOut() (done func(error)) {
 		return done
 	}
 	return nil
-}
-
-// handOver completes a Handoff once no forwarder runs: an event left in
-// the channel goes back to the front of the queue, the channel is closed,
-// and the pending events go to f. It returns the watcher if the caller
-// must deliver them (see deliveries). The caller holds c.wmu.
-func (w *Watcher) handOver() *Watcher {
-	select {
-	case ev := <-w.out:
-		w.pushFront(ev)
-	default:
-	}
-	w.chClosed = true
-	close(w.out)
-	if w.fwd != nil {
-		close(w.fwd.exited)
-	}
-	w.running, w.held = false, false
-	if w.n == 0 && !w.resync {
-		return nil
-	}
-	return w.signal()
-}
-
-// pushFront puts ev back at the head of the queue, beyond WatchBuffer if
-// need be: it was handed out once already. The caller holds c.wmu.
-func (w *Watcher) pushFront(ev Event) {
-	if int(w.n) == len(w.q) {
-		q := make([]Event, max(2, 2*len(w.q)))
-		for i := range int(w.n) {
-			q[i] = w.q[(int(w.head)+i)%len(w.q)]
-		}
-		w.q, w.head = q, 0
-	}
-	w.head = int32((int(w.head) - 1 + len(w.q)) % len(w.q))
-	w.q[w.head] = ev
-	w.n++
 }
 
 // next pops the next event to deliver. The caller holds c.wmu.
@@ -230,14 +192,6 @@ func (w *Watcher) run() {
 	c := w.c
 	for {
 		c.wmu.Lock()
-		if w.fn != nil && !w.ended { // handed off (see Handoff)
-			next := w.handOver()
-			c.wmu.Unlock()
-			if next != nil {
-				next.deliver()
-			}
-			return
-		}
 		var ev Event
 		ok := false
 		if !w.ended {
@@ -262,15 +216,6 @@ func (w *Watcher) run() {
 		case w.out <- ev:
 		case <-w.fwd.stop:
 			c.wmu.Lock()
-			if w.fn != nil && !w.ended { // handed off with ev in hand: it goes first
-				w.pushFront(ev)
-				next := w.handOver()
-				c.wmu.Unlock()
-				if next != nil {
-					next.deliver()
-				}
-				return
-			}
 			w.running, w.held = false, false
 			done := w.closeOut()
 			err := w.err
@@ -283,7 +228,7 @@ func (w *Watcher) run() {
 	}
 }
 
-// deliver calls a WatchFunc watcher's f with its pending events, one at a
+// deliver calls a callback watcher's f with its pending events, one at a
 // time, until there are none (signal hands it out again), then done if the
 // watcher has ended. The caller was handed w by signal, and does not hold
 // c.wmu.

@@ -69,7 +69,9 @@ func (reg *registration) beginResync() {
 }
 
 // attach adds a watcher of key, creating the key's registration if needed.
-// f is WatchFunc's, or nil for a channel watcher.
+// f is WithCallback's, or nil for a channel watcher. The watcher's first
+// event is queued now if the registration is synced, or else by the sync
+// under way (syncReg).
 func (c *Client) attach(ctx context.Context, key string, f func(Event)) (*Watcher, *registration, error) {
 	c.wmu.Lock()
 	for {
@@ -96,16 +98,33 @@ func (c *Client) attach(ctx context.Context, key string, f func(Event)) (*Watche
 		reg = &registration{key: key, resyncing: true, initial: true, ready: make(chan struct{})}
 		c.regs[key] = reg
 	}
-	w := &Watcher{c: c, reg: reg, fn: f, last: reg.known.stamp()}
+	w := &Watcher{c: c, reg: reg, fn: f}
 	if f == nil {
 		w.out = make(chan Event, 1)
 	}
-	if reg.resyncing {
-		w.last = reg.base // what the registration's other watchers were last told
+	var calls deliveries
+	switch {
+	case reg.initial:
+		// The registration's first sync, under way, starts the watch.
+	case reg.resyncing:
+		w.initOwed = true // the resync under way starts it (syncReg)
+	default:
+		calls.add(w.enqueue(reg.initialEvent()))
 	}
 	reg.watchers = append(reg.watchers, w)
 	c.wmu.Unlock()
+	calls.run()
 	return w, reg, nil
+}
+
+// initialEvent is the event that starts a watch of reg's key: the latest
+// state known. The caller holds c.wmu.
+func (reg *registration) initialEvent() Event {
+	ev := Event{Key: reg.key, Op: OpDelete, Initial: true}
+	if reg.known.exists {
+		ev.Op, ev.Value, ev.Version = OpSet, reg.known.value, reg.known.version
+	}
+	return ev
 }
 
 // awaitSynced registers reg with the service unless it is already, and waits
@@ -215,28 +234,36 @@ func (c *Client) syncReg(ctx context.Context, reg *registration, cn *Conn) error
 		break
 	}
 	reg.resyncing = false
+	var calls deliveries
 	if reg.initial {
 		reg.initial = false
+		ev := reg.initialEvent() // what the watch starts from
 		for _, w := range reg.watchers {
-			w.last = reg.known.stamp() // the baseline: Watch reports changes after it
+			calls.add(w.enqueue(ev))
 		}
 		close(reg.ready)
 		reg.ready = nil // nobody waits for it any more: free it
 		c.wmu.Unlock()
+		calls.run()
 		return nil
 	}
-	var calls deliveries
-	if !reg.known.same(reg.base) {
-		for _, w := range reg.watchers {
+	changed := !reg.known.same(reg.base)
+	for _, w := range reg.watchers {
+		switch {
+		case w.initOwed:
+			// Joined during this resync: the state read starts it.
+			w.initOwed = false
+			calls.add(w.enqueue(reg.initialEvent()))
+		case changed && !reg.known.same(w.told()):
 			// A watcher already told the latest state (by a Resync owed
 			// for an overflow, delivered during the restore) is owed
 			// nothing: marking it anyway would fold its next change into
 			// a needless Resync, if that change came before its
 			// forwarder ran.
-			if !reg.known.same(w.told()) {
-				calls.add(w.markResync())
-			}
+			calls.add(w.markResync())
 		}
+	}
+	if changed {
 		if f := c.cfg.Metrics.WatchResync; f != nil {
 			f(reg.key)
 		}
@@ -376,7 +403,7 @@ func (c *Client) closeWatches() {
 }
 
 // notify applies notification n of key to its registration, and returns
-// the WatchFunc watchers whose f the caller must now call (see
+// the callback watchers whose f the caller must now call (see
 // deliveries). The caller holds c.wmu.
 func (c *Client) notify(key []byte, n notification) deliveries {
 	seq := c.nseq.Add(1)
@@ -479,7 +506,7 @@ func (w *Watcher) end(err error, unregister bool) {
 		c.wmu.Unlock()
 		close(stopped)
 	}
-	// A WatchFunc watcher may be stopped from f, on the goroutine that
+	// A callback watcher may be stopped from f, on the goroutine that
 	// receives the answers: it must not wait for one there. Its STOP goes
 	// out in the background (a new watch of the key waits for it).
 	if w.fn == nil || !c.spawn(unregisterKey) {

@@ -983,6 +983,9 @@ func watch(ctx context.Context, c *sskv.Client, keys []string, stdout, stderr io
 	for _, w := range ws {
 		wg.Go(func() {
 			for ev := range w.Events() {
+				if ev.Initial {
+					continue // the key's state as the watch started: watch prints changes
+				}
 				mu.Lock()
 				var err error
 				if firstErr == nil {

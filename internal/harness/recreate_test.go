@@ -128,6 +128,10 @@ func heldRenewalRecreates(t *testing.T) bool {
 		t.Fatal(err)
 	}
 	defer w.Stop()
+	// The watch starts from the key's state: nobody leads yet.
+	if ev := <-w.Events(); !ev.Initial || ev.Op != sskv.OpDelete {
+		t.Fatalf("first event %+v; want Initial DELETE (no leader yet)", ev)
+	}
 
 	e, err := leader.NewElector(c, election, []byte(id), leader.WithCandidateID(id),
 		leader.WithTTL(recreateTTL), leader.WithRenewInterval(recreateInterval), leader.WithRenewDeadline(recreateDeadline))

@@ -101,7 +101,7 @@ func client(ctx context.Context, data []byte) error {
 	if err != nil {
 		return err
 	}
-	for ev := range w.Events() {
+	for ev := range w.Events() { // first the key's state now (ev.Initial), then each change
 		log.Println(ev)
 	}
 	return nil

@@ -198,3 +198,18 @@ func Skew(d time.Duration) *atomic.Int64 {
 	s.Store(int64(d))
 	return &s
 }
+
+// SkipInitial receives a new channel watcher's first event, the state the
+// watch started from, for a test that looks only at the changes after it.
+// It fails the test if that event is not the Initial one.
+func SkipInitial(t testing.TB, w *sskv.Watcher) {
+	t.Helper()
+	select {
+	case ev, ok := <-w.Events():
+		if !ok || !ev.Initial {
+			t.Fatalf("watch of %q: first event %+v (open %v); want the Initial one", w.Key(), ev, ok)
+		}
+	case <-time.After(WaitTimeout):
+		t.Fatalf("watch of %q: no Initial event", w.Key())
+	}
+}

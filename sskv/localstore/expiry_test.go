@@ -255,6 +255,9 @@ func TestSSKVRequestsNotExpired(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Stop()
+	if ev := <-w.Events(); !ev.Initial || ev.Op != sskv.OpDelete {
+		t.Fatalf("first event %+v; want Initial DELETE (the key is missing)", ev)
+	}
 
 	for i := range 20 {
 		// Every other request waits 300 ms for the lock.

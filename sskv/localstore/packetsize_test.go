@@ -241,6 +241,9 @@ func TestWatchOfTooLargeValueEnds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if ev := <-w.Events(); !ev.Initial || ev.Op != sskv.OpDelete {
+		t.Fatalf("first event %+v; want Initial DELETE (the key is missing)", ev)
+	}
 	if _, err := writer.Set(ctx, "big", bytes.Repeat([]byte("v"), 2*smallPacket), sskv.SetOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -317,6 +320,11 @@ func TestFittingClientNotDisconnected(t *testing.T) {
 		case <-time.After(waitTimeout):
 			t.Fatalf("no event for %q", w.Key())
 			return sskv.Event{}
+		}
+	}
+	for _, w := range []*sskv.Watcher{smallW, bigW} {
+		if ev := next(w); !ev.Initial || ev.Op != sskv.OpDelete {
+			t.Fatalf("first event of %q: %+v; want Initial DELETE (the key is missing)", w.Key(), ev)
 		}
 	}
 	for i := range 20 {

@@ -15,8 +15,9 @@ import (
 	"github.com/dsslock/dsslock/sskv/localstore"
 )
 
-// funcWatch is a WatchFunc watch whose f and done record what they get,
-// and check that f is never called concurrently nor after done.
+// funcWatch is a callback watch (WithCallback) whose f and done record
+// what they get, and check that f is never called concurrently nor after
+// done.
 type funcWatch struct {
 	t      testing.TB
 	w      *sskv.Watcher
@@ -26,12 +27,14 @@ type funcWatch struct {
 	dones  atomic.Int32
 }
 
-func watchFunc(t testing.TB, c *sskv.Client, ctx context.Context, key string) *funcWatch {
+// watchCallback starts a callback watch of key; opts are added to
+// WithCallback.
+func watchCallback(t testing.TB, c *sskv.Client, ctx context.Context, key string, opts ...sskv.WatchOption) *funcWatch {
 	t.Helper()
 	fw := &funcWatch{t: t, events: make(chan sskv.Event, 1000), ended: make(chan error, 2)}
-	w, err := c.WatchFunc(ctx, key, fw.f, fw.done)
+	w, err := c.Watch(ctx, key, append(opts, sskv.WithCallback(fw.f, fw.done))...)
 	if err != nil {
-		t.Fatalf("WatchFunc(%q): %v", key, err)
+		t.Fatalf("Watch(%q, WithCallback): %v", key, err)
 	}
 	fw.w = w
 	return fw
@@ -75,6 +78,15 @@ func (fw *funcWatch) next() sskv.Event {
 	return sskv.Event{}
 }
 
+// initial returns the watch's first event, failing unless it is the
+// Initial event carrying the state op and value.
+func (fw *funcWatch) initial(op sskv.Op, value string) sskv.Event {
+	fw.t.Helper()
+	ev := fw.next()
+	checkInitial(fw.t, ev, fw.w.Key(), op, value)
+	return ev
+}
+
 func (fw *funcWatch) noEvent() {
 	fw.t.Helper()
 	select {
@@ -96,21 +108,25 @@ func (fw *funcWatch) end() error {
 	}
 }
 
-// TestWatchFuncEvents: f gets every change, in version order, one at a
-// time, and nothing from before WatchFunc returned.
-func TestWatchFuncEvents(t *testing.T) {
+// TestCallbackWatchEvents: f gets the state the watch starts from, then
+// every change, in version order, one at a time.
+func TestCallbackWatchEvents(t *testing.T) {
 	srv := startStore(t, localstore.Config{})
 	c := dial(t, srv)
 	other := dial(t, srv)
 	ctx := testCtx(t)
 
-	if _, err := other.Set(ctx, "k", []byte("before"), sskv.SetOptions{}); err != nil {
+	s0, err := other.Set(ctx, "k", []byte("before"), sskv.SetOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	fw := watchFunc(t, c, ctx, "k")
+	fw := watchCallback(t, c, ctx, "k")
 	defer fw.w.Stop()
 	if fw.w.Key() != "k" || fw.w.Events() != nil {
 		t.Fatalf("Key() = %q, Events() = %v", fw.w.Key(), fw.w.Events())
+	}
+	if ev := fw.initial(sskv.OpSet, "before"); ev.Version != s0.Version {
+		t.Fatalf("Initial event %+v; want version %v", ev, s0.Version)
 	}
 	const n = 200
 	var versions []hlc.Timestamp
@@ -131,7 +147,7 @@ func TestWatchFuncEvents(t *testing.T) {
 	var last hlc.Timestamp
 	for i := 1; i <= n; i++ {
 		ev := fw.next()
-		if ev.Resync || ev.Key != "k" {
+		if ev.Resync || ev.Initial || ev.Key != "k" {
 			t.Fatalf("event %d: %+v", i, ev)
 		}
 		if i%50 == 0 {
@@ -149,9 +165,10 @@ func TestWatchFuncEvents(t *testing.T) {
 	fw.noEvent()
 }
 
-// TestWatchFuncResyncAfterReconnect: changes made while the client is away
-// are reported by one Resync event once it is back, and the watch goes on.
-func TestWatchFuncResyncAfterReconnect(t *testing.T) {
+// TestCallbackWatchResyncAfterReconnect: changes made while the client is
+// away are reported by one Resync event once it is back, and the watch goes
+// on.
+func TestCallbackWatchResyncAfterReconnect(t *testing.T) {
 	srv := startStore(t, localstore.Config{Users: map[string]string{"app": "good", "writer": "w"}})
 	pwFile := filepath.Join(t.TempDir(), "pw")
 	writeFile(t, pwFile, "good")
@@ -159,10 +176,12 @@ func TestWatchFuncResyncAfterReconnect(t *testing.T) {
 	other := dial(t, srv, func(cfg *sskv.Config) { cfg.Username, cfg.Password = "writer", []byte("w") })
 	ctx := testCtx(t)
 
-	fw := watchFunc(t, c, ctx, "k")
+	fw := watchCallback(t, c, ctx, "k")
 	defer fw.w.Stop()
-	quiet := watchFunc(t, c, ctx, "unchanged")
+	quiet := watchCallback(t, c, ctx, "unchanged")
 	defer quiet.w.Stop()
+	fw.initial(sskv.OpDelete, "")
+	quiet.initial(sskv.OpDelete, "")
 	if _, err := other.Set(ctx, "k", []byte("v1"), sskv.SetOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -198,15 +217,16 @@ func TestWatchFuncResyncAfterReconnect(t *testing.T) {
 	fw.noEvent()
 }
 
-// TestWatchFuncStop: done(nil) is called once, after which f is not; the
-// registration ends with the last watcher; Stop from f works too.
-func TestWatchFuncStop(t *testing.T) {
+// TestCallbackWatchStop: done(nil) is called once, after which f is not;
+// the registration ends with the last watcher; Stop from f works too.
+func TestCallbackWatchStop(t *testing.T) {
 	srv := startStore(t, localstore.Config{})
 	c := dial(t, srv)
 	other := dial(t, srv)
 	ctx := testCtx(t)
 
-	fw := watchFunc(t, c, ctx, "k")
+	fw := watchCallback(t, c, ctx, "k")
+	fw.initial(sskv.OpDelete, "")
 	fw.w.Stop()
 	if err := fw.end(); err != nil {
 		t.Fatalf("done(%v) after Stop, want nil", err)
@@ -221,23 +241,28 @@ func TestWatchFuncStop(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Stop from f, with another watcher of the key that goes on.
-	var self *sskv.Watcher
+	// Stop from f, with another watcher of the key that goes on. f may be
+	// called with the Initial event before Watch returns: it stops the
+	// watch at the first change.
+	var self atomic.Pointer[sskv.Watcher]
 	got := make(chan sskv.Event, 10)
 	ended := make(chan error, 2)
-	selfReady := make(chan struct{})
-	w, err := c.WatchFunc(ctx, "k", func(ev sskv.Event) {
-		<-selfReady
+	w, err := c.Watch(ctx, "k", sskv.WithCallback(func(ev sskv.Event) {
 		got <- ev
-		self.Stop()
-	}, func(err error) { ended <- err })
+		if !ev.Initial {
+			self.Load().Stop()
+		}
+	}, func(err error) { ended <- err }))
 	if err != nil {
 		t.Fatal(err)
 	}
-	self = w
-	close(selfReady)
-	stays := watchFunc(t, c, ctx, "k")
+	self.Store(w)
+	if ev := <-got; !ev.Initial || string(ev.Value) != "after" {
+		t.Fatalf("first event %+v; want Initial SET after", ev)
+	}
+	stays := watchCallback(t, c, ctx, "k")
 	defer stays.w.Stop()
+	stays.initial(sskv.OpSet, "after")
 	for _, v := range []string{"a", "b"} {
 		if _, err := other.Set(ctx, "k", []byte(v), sskv.SetOptions{}); err != nil {
 			t.Fatal(err)
@@ -266,13 +291,14 @@ func TestWatchFuncStop(t *testing.T) {
 	}
 }
 
-// TestWatchFuncEnds: done reports ctx's end and the Client's Close, once.
-func TestWatchFuncEnds(t *testing.T) {
+// TestCallbackWatchEnds: done reports ctx's end and the Client's Close,
+// once; a watch that never started reports no end; a nil f is an error.
+func TestCallbackWatchEnds(t *testing.T) {
 	srv := startStore(t, localstore.Config{})
 	c := dial(t, srv)
 
 	wctx, cancel := context.WithCancel(context.Background())
-	fw := watchFunc(t, c, wctx, "k")
+	fw := watchCallback(t, c, wctx, "k")
 	cancel()
 	if err := fw.end(); !errors.Is(err, context.Canceled) {
 		t.Fatalf("done(%v), want context.Canceled", err)
@@ -282,7 +308,7 @@ func TestWatchFuncEnds(t *testing.T) {
 	}
 	eventually(t, "the registration to end", func() bool { return !srv.Watching(c.ID(), "k") })
 
-	fw = watchFunc(t, c, testCtx(t), "k2")
+	fw = watchCallback(t, c, testCtx(t), "k2")
 	_ = c.Close()
 	if err := fw.end(); !errors.Is(err, sskv.ErrClosed) {
 		t.Fatalf("done(%v), want ErrClosed", err)
@@ -294,12 +320,9 @@ func TestWatchFuncEnds(t *testing.T) {
 
 	// A watch that never started reports no end.
 	called := false
-	_, err := c.WatchFunc(testCtx(t), "k", func(sskv.Event) {}, func(error) { called = true })
+	_, err := c.Watch(testCtx(t), "k", sskv.WithCallback(func(sskv.Event) {}, func(error) { called = true }))
 	if !errors.Is(err, sskv.ErrClosed) || called {
-		t.Fatalf("WatchFunc after Close: %v, done called: %v", err, called)
-	}
-	if _, err := c.WatchFunc(testCtx(t), "k", nil, nil); err == nil {
-		t.Fatal("WatchFunc with a nil f succeeded")
+		t.Fatalf("Watch(WithCallback) after Close: %v, done called: %v", err, called)
 	}
 }
 
@@ -315,12 +338,16 @@ func TestIdleWatchersCostNoGoroutine(t *testing.T) {
 	var fws []*funcWatch
 	var ws []*sskv.Watcher
 	for i := range n {
-		fws = append(fws, watchFunc(t, c, ctx, "f"+strconv.Itoa(i)))
+		fws = append(fws, watchCallback(t, c, ctx, "f"+strconv.Itoa(i)))
 		w, err := c.Watch(ctx, "c"+strconv.Itoa(i))
 		if err != nil {
 			t.Fatal(err)
 		}
 		ws = append(ws, w)
+	}
+	for i := range n {
+		fws[i].initial(sskv.OpDelete, "")
+		wantInitial(t, ws[i], sskv.OpDelete, "")
 	}
 	for i := range n {
 		if _, err := other.Set(ctx, "f"+strconv.Itoa(i), []byte("x"), sskv.SetOptions{}); err != nil {
@@ -344,90 +371,29 @@ func TestIdleWatchersCostNoGoroutine(t *testing.T) {
 	}
 }
 
-// TestHandoff: a channel watcher handed off to a function goes on there
-// with the events not yet received from its channel, none missed or
-// repeated, whether a forwarder was running or not.
-func TestHandoff(t *testing.T) {
-	srv := startStore(t, localstore.Config{})
-	c := dial(t, srv)
-	other := dial(t, srv)
-	ctx := testCtx(t)
-	for _, pending := range []int{0, 1, 5} {
-		t.Run(strconv.Itoa(pending), func(t *testing.T) {
-			key := "k" + strconv.Itoa(pending)
-			w, err := c.Watch(ctx, key)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer w.Stop()
-			if _, err := other.Set(ctx, key, []byte("read"), sskv.SetOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			if ev := nextEvent(t, w); string(ev.Value) != "read" {
-				t.Fatalf("event %+v", ev)
-			}
-			var last sskv.SetResult
-			for i := range pending {
-				if last, err = other.Set(ctx, key, []byte(strconv.Itoa(i)), sskv.SetOptions{}); err != nil {
-					t.Fatal(err)
-				}
-			}
-			eventually(t, "the client to learn the last change", func() bool {
-				v, _ := sskv.KnownForTest(c, key)
-				return pending == 0 || v == last.Version
-			})
-			fw := &funcWatch{t: t, events: make(chan sskv.Event, 100), ended: make(chan error, 2)}
-			fw.w = w
-			if !w.Handoff(fw.f, fw.done) {
-				t.Fatal("Handoff refused")
-			}
-			if w.Handoff(fw.f, fw.done) {
-				t.Fatal("a second Handoff accepted")
-			}
-			if _, ok := <-w.Events(); ok {
-				t.Fatal("Events open after Handoff")
-			}
-			for i := range pending {
-				if ev := fw.next(); ev.Resync || string(ev.Value) != strconv.Itoa(i) {
-					t.Fatalf("event %+v, want %d", ev, i)
-				}
-			}
-			if _, err := other.Set(ctx, key, []byte("after"), sskv.SetOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			if ev := fw.next(); ev.Resync || string(ev.Value) != "after" {
-				t.Fatalf("event %+v, want after", ev)
-			}
-			fw.noEvent()
-			w.Stop()
-			if err := fw.end(); err != nil {
-				t.Fatalf("done(%v)", err)
-			}
-		})
-	}
-}
-
-// TestWatchFuncStopFromFLast: the last watcher of a key stopped from its
-// own f, on the goroutine that receives the answers, ends the registration
-// without waiting there for the STOP's answer, and the client goes on.
-func TestWatchFuncStopFromFLast(t *testing.T) {
+// TestCallbackWatchStopFromFLast: the last watcher of a key stopped from
+// its own f, on the goroutine that receives the answers, ends the
+// registration without waiting there for the STOP's answer, and the client
+// goes on.
+func TestCallbackWatchStopFromFLast(t *testing.T) {
 	srv := startStore(t, localstore.Config{})
 	c := dial(t, srv, func(cfg *sskv.Config) { cfg.RequestTimeout = waitTimeout })
 	other := dial(t, srv)
 	ctx := testCtx(t)
 
+	// f may get the Initial event before Watch returns: it stops the watch
+	// at the first change, which comes in on the receiving goroutine.
 	var self atomic.Pointer[sskv.Watcher]
-	ready := make(chan struct{})
 	ended := make(chan error, 1)
-	w, err := c.WatchFunc(ctx, "k", func(sskv.Event) {
-		<-ready
-		self.Load().Stop()
-	}, func(err error) { ended <- err })
+	w, err := c.Watch(ctx, "k", sskv.WithCallback(func(ev sskv.Event) {
+		if !ev.Initial {
+			self.Load().Stop()
+		}
+	}, func(err error) { ended <- err }))
 	if err != nil {
 		t.Fatal(err)
 	}
 	self.Store(w)
-	close(ready)
 	start := time.Now()
 	if _, err := other.Set(ctx, "k", []byte("v"), sskv.SetOptions{}); err != nil {
 		t.Fatal(err)
@@ -443,8 +409,9 @@ func TestWatchFuncStopFromFLast(t *testing.T) {
 		t.Fatalf("took %v: the STOP waited on the receiving goroutine", took)
 	}
 	// A new watch of the key registers again.
-	fw := watchFunc(t, c, ctx, "k")
+	fw := watchCallback(t, c, ctx, "k")
 	defer fw.w.Stop()
+	fw.initial(sskv.OpSet, "v")
 	if _, err := other.Set(ctx, "k", []byte("again"), sskv.SetOptions{}); err != nil {
 		t.Fatal(err)
 	}
