@@ -169,7 +169,13 @@ func runArgs(fs *flag.FlagSet, args []string) error {
 	if cfg.TLS != nil {
 		log.Info("listening", "tls_addr", srv.TLSAddr())
 	}
+	trimmed := make(chan struct{})
+	go func() {
+		defer close(trimmed)
+		trimStacks(ctx, trimInterval, trimThreshold) // see trim.go
+	}()
 	<-ctx.Done()
+	<-trimmed
 	log.Info("shutting down")
 	return srv.Close()
 }

@@ -100,8 +100,8 @@
 // Measured with the commands in docs/benchmarks.md:
 //
 //	an idle connection, in process           2 goroutines, about 27 KB
-//	an idle sskv client, standalone store    about 55-66 KB of RSS
-//	1M keys of 16 B with 32-B values         about 242 MB of RSS, standalone store
+//	an idle sskv client, standalone store    about 42-45 KB of RSS
+//	1M keys of 16 B with 32-B values         about 314 MB of RSS, standalone store
 //
 // docs/design/mochi-upstream.md says what a smaller connection would need
 // from mochi-mqtt.

@@ -63,7 +63,8 @@ func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet,
 	if dc, ok := cl.Net.Conn.(*deadlineConn); ok && pk.FixedHeader.Type == packets.Publish {
 		dc.readAt = time.Now()
 	}
-	return renumberInbound(cl, pk), nil
+	renumberInbound(cl, &pk)
+	return pk, nil
 }
 
 // OnPacketEncode fixes what the broker sends:
@@ -83,30 +84,46 @@ func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet,
 //     refuses a packet the store would not take instead of being cut off
 //     for sending it (mochi enforces Capabilities.MaximumPacketSize but
 //     does not announce it).
+//
+// The broker calls it for every packet it writes, at the bottom of its
+// deepest call chains (a SUBACK or a PINGRESP is written on the
+// connection's read goroutine, under the broker's frames for reading and
+// handling the packet), so it changes pk in place rather than through
+// copies of it: each copy of a packets.Packet is 800 bytes of stack. With
+// copies, answering a keep-alive PINGREQ needed more than the 16 KiB stack
+// an idle connection's read goroutine otherwise shrinks back to, so every
+// ping grew it to 32 KiB again: 16 KiB more per idle client.
 func (h *hook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
 	switch pk.FixedHeader.Type {
 	case packets.Publish:
 		pk.Mods.DisallowProblemInfo = false
 	case packets.Puback, packets.Unsuback:
-		pk = restoreClientPacketID(cl, pk)
+		restoreClientPacketID(cl, &pk)
 	case packets.Suback:
-		pk = restoreClientPacketID(cl, fixSuback(cl, pk)) // fixSuback knows the id the broker handled it under
+		fixSuback(cl, &pk) // it knows the id the broker handled the SUBSCRIBE under
+		restoreClientPacketID(cl, &pk)
+	case packets.Connack:
+		h.s.fixConnack(cl, &pk)
 	}
-	if pk.FixedHeader.Type == packets.Connack && pk.ReasonCode != packets.CodeSuccess.Code &&
+	return pk
+}
+
+// fixConnack is OnPacketEncode's change to a CONNACK.
+func (s *Server) fixConnack(cl *mqtt.Client, pk *packets.Packet) {
+	if pk.ReasonCode != packets.CodeSuccess.Code &&
 		cl.Properties.ProtocolVersion == 5 { // MQTT 3 has one code for both: 5, not authorized
 		if dc, ok := cl.Net.Conn.(*deadlineConn); ok && dc.refusal != "" {
 			pk.ReasonCode = packets.ErrNotAuthorized.Code
 			pk.Properties.ReasonString = dc.refusal
 		}
 	}
-	if pk.FixedHeader.Type == packets.Connack && pk.ReasonCode == packets.CodeSuccess.Code &&
+	if pk.ReasonCode == packets.CodeSuccess.Code &&
 		cl.Properties.Props.AuthenticationMethod != "" {
 		pk.Properties.AuthenticationMethod = cl.Properties.Props.AuthenticationMethod
 	}
-	if pk.FixedHeader.Type == packets.Connack && pk.ReasonCode == packets.CodeSuccess.Code {
-		pk.Properties.MaximumPacketSize = uint32(h.s.cfg.MaxPacketSize)
+	if pk.ReasonCode == packets.CodeSuccess.Code {
+		pk.Properties.MaximumPacketSize = uint32(s.cfg.MaxPacketSize)
 	}
-	return pk
 }
 
 // OnACLCheck applies the topic rules (see acl.go) to what a client

@@ -75,15 +75,15 @@ func (s *Server) limitSubscriptions(cl *mqtt.Client, pk packets.Packet) packets.
 // fixSuback gives the filters limitSubscriptions refused the reason code
 // quota exceeded (0x97) in the SUBACK pk, which the broker wrote as topic
 // filter invalid (0x8F). An MQTT 3 client gets the broker's 0x80.
-func fixSuback(cl *mqtt.Client, pk packets.Packet) packets.Packet {
+func fixSuback(cl *mqtt.Client, pk *packets.Packet) {
 	dc, ok := cl.Net.Conn.(*deadlineConn)
 	if !ok || dc.subQuota.refused == nil || dc.subQuota.packetID != pk.PacketID {
-		return pk
+		return
 	}
 	refused := dc.subQuota.refused
 	dc.subQuota = subQuota{}
 	if cl.Properties.ProtocolVersion != 5 {
-		return pk
+		return
 	}
 	pk.ReasonCodes = append([]byte(nil), pk.ReasonCodes...)
 	for _, i := range refused {
@@ -92,7 +92,6 @@ func fixSuback(cl *mqtt.Client, pk packets.Packet) packets.Packet {
 			pk.Properties.ReasonString = msgSubQuota
 		}
 	}
-	return pk
 }
 
 // retainedLedger records whose each retained message is and what each

@@ -62,43 +62,52 @@ func (c *deadlineConn) clientPacketID(id uint16) uint16 {
 
 // restoreClientPacketID puts the client's packet id back on pk, the
 // acknowledgement of a packet the broker handled under another id.
-func restoreClientPacketID(cl *mqtt.Client, pk packets.Packet) packets.Packet {
+func restoreClientPacketID(cl *mqtt.Client, pk *packets.Packet) {
 	if dc, ok := cl.Net.Conn.(*deadlineConn); ok {
 		pk.PacketID = dc.clientPacketID(pk.PacketID)
 	}
-	return pk
 }
 
 // renumberInbound gives a QoS 1 PUBLISH, a SUBSCRIBE or an UNSUBSCRIBE from
 // the client a packet id of the store's choosing for the broker to handle it
 // under.
-func renumberInbound(cl *mqtt.Client, pk packets.Packet) packets.Packet {
+func renumberInbound(cl *mqtt.Client, pk *packets.Packet) {
 	if cl.Net.Inline || pk.PacketID == 0 { // no id: the broker refuses the packet as it is
-		return pk
+		return
 	}
 	switch pk.FixedHeader.Type {
 	case packets.Publish:
 		if pk.FixedHeader.Qos != 1 {
-			return pk
+			return
 		}
 	case packets.Subscribe, packets.Unsubscribe:
-		if m, ok := cl.State.Inflight.Get(pk.PacketID); ok && m.FixedHeader.Type == packets.Pubrec {
-			return pk // the id of the client's own unfinished QoS 2 PUBLISH: in use
+		if inflightIs(cl, pk.PacketID, packets.Pubrec) {
+			return // the id of the client's own unfinished QoS 2 PUBLISH: in use
 		}
 	default:
-		return pk
+		return
 	}
 	dc, ok := cl.Net.Conn.(*deadlineConn)
 	if !ok {
-		return pk
+		return
 	}
 	id, ok := spareID(cl, uint16(dc.lastOut.Load()))
 	if !ok {
-		return pk
+		return
 	}
 	dc.setInbound(pk.PacketID, id)
 	pk.PacketID = id
-	return pk
+}
+
+// inflightIs reports whether cl's in-flight message id is a packet of type
+// typ. It is kept out of line: the broker's Inflight.Get returns an
+// 800-byte packet, which would otherwise take room in the frame of every
+// caller, on the connection's read path (see hook.OnPacketRead).
+//
+//go:noinline
+func inflightIs(cl *mqtt.Client, id uint16, typ byte) bool {
+	m, ok := cl.State.Inflight.Get(id)
+	return ok && m.FixedHeader.Type == typ
 }
 
 // spareID returns a packet id that no in-flight message of cl has, and that
@@ -149,7 +158,7 @@ func dropInboundAck(cl *mqtt.Client) {
 	if v == 0 {
 		return
 	}
-	if m, ok := cl.State.Inflight.Get(uint16(v)); ok && m.FixedHeader.Type == packets.Puback {
+	if inflightIs(cl, uint16(v), packets.Puback) {
 		cl.State.Inflight.Delete(uint16(v))
 	}
 }
