@@ -13,6 +13,7 @@ type Option func(*options)
 
 type options struct {
 	ttl, renewInterval, renewDeadline time.Duration
+	maxHold                           time.Duration
 	candidateID                       string
 	logger                            *slog.Logger
 	metrics                           Metrics
@@ -42,6 +43,14 @@ func WithRenewInterval(d time.Duration) Option {
 func WithRenewDeadline(d time.Duration) Option {
 	return func(o *options) { o.renewDeadline = d }
 }
+
+// WithMaxHold caps how long one term lasts, as [lock.Config.MaxHold] does
+// a holding: at d after it was elected, on its own clock, the term ends as
+// lost (its error wraps [lock.ErrMaxHold]) even while its renewals succeed,
+// and its key is released once the work has returned. An [Elector]
+// campaigns again; the other candidates, already waiting, are usually
+// first. Default: no cap.
+func WithMaxHold(d time.Duration) Option { return func(o *options) { o.maxHold = d } }
 
 // WithCandidateID sets the id a candidate writes in the election's key,
 // which observers see as [State.ID]. It must be unique among the
@@ -118,6 +127,7 @@ func (o *options) lockConfig(election string, value []byte) lock.Config {
 		TTL:           o.ttl,
 		RenewInterval: o.renewInterval,
 		RenewDeadline: o.renewDeadline,
+		MaxHold:       o.maxHold,
 		FenceKey:      true,
 		// Candidates race for a free election, as before: an election has
 		// a few candidates, which need no order, and a queue would cost

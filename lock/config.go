@@ -47,6 +47,13 @@ type Config struct {
 	// of queueing in the order they came. Package leader sets it.
 	Race  bool
 	Value []byte // published with the holding; needs FenceKey
+	// MaxHold, if positive, caps how long one holding lasts: MaxHold after
+	// the acquisition was sent, on the holder's own monotonic clock, the
+	// holding ends as lost (Err wraps ErrLost and ErrMaxHold) even while
+	// its renewals succeed. Its context is cancelled and it renews no
+	// more; the key is deleted by Unlock once the work has returned, or
+	// expires within TTL. Zero: no cap.
+	MaxHold time.Duration
 	// OnRenewal, if set, is called after every renewal with its latency
 	// and error, in order, on a goroutine of its own: it may call any
 	// method of the Lock, and may run after Unlock or Close has returned.
@@ -102,6 +109,9 @@ func (cfg Config) withDefaults(clientID string) (Config, error) {
 	}
 	if cfg.TTL < 0 || cfg.RenewInterval < 0 || cfg.RenewDeadline < 0 {
 		return cfg, configErr("negative TTL, RenewInterval or RenewDeadline")
+	}
+	if cfg.MaxHold < 0 {
+		return cfg, configErr("negative MaxHold %v", cfg.MaxHold)
 	}
 	if cfg.TTL == 0 {
 		cfg.TTL = DefaultTTL

@@ -7,7 +7,8 @@ import "errors"
 var (
 	// ErrLost is wrapped by [Lock.Err] when the holder can no longer be sure
 	// it holds the key, with the reason: ErrRenewDeadline, ErrHeldByOther,
-	// ErrKeyLost, ErrFenced or ErrClosed.
+	// ErrKeyLost, ErrFenced, ErrClosed, or ErrMaxHold when it ended by
+	// its cap.
 	ErrLost = errors.New("lock: lost")
 	// ErrRenewDeadline: no renewal succeeded within Config.RenewDeadline
 	// (a paused process, a lost or slow connection, an overloaded store).
@@ -21,6 +22,9 @@ var (
 	// of its own, which Unlock deletes): found by the watch (FenceKey) or a
 	// reconnect's read, before anything more is written.
 	ErrKeyLost = errors.New("lock: the key changed behind the holder's back")
+	// ErrMaxHold: the holding reached Config.MaxHold, and ended although
+	// its renewals succeeded.
+	ErrMaxHold = errors.New("lock: held for MaxHold")
 	// ErrFenced: a write fenced with the lock's token was refused for a
 	// newer token: another holder has taken over (see [Lock.Fenced]).
 	ErrFenced = errors.New("lock: a newer fencing token protects a key")

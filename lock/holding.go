@@ -29,6 +29,8 @@ type holding struct {
 	// stopGuard ends the guard's watch when the holding ends; nil while
 	// there is none. Guarded by mu.
 	stopGuard func()
+	// capped ends the holding at Config.MaxHold; nil without a cap.
+	capped *time.Timer
 	// stopWrite ends the context of the write or confirmation in progress
 	// (see within) when the holding ends; nil while there is none. Guarded
 	// by mu.
@@ -99,6 +101,14 @@ func newHolding(l *Lock, token hlc.Timestamp, rec []byte, sent time.Time, conn *
 func (h *holding) start(sent time.Time, ww waitWatch) {
 	if h.l.cfg.FenceKey {
 		h.guards.Add(1)
+	}
+	if max := h.l.cfg.MaxHold; max > 0 {
+		// Set under mu before anything can end the holding, which stops it.
+		h.mu.Lock()
+		h.capped = time.AfterFunc(time.Until(sent.Add(max)), func() {
+			h.lose(fmt.Errorf("%w (%v)", ErrMaxHold, max))
+		})
+		h.mu.Unlock()
 	}
 	h.sched.add(h, sent)
 	if h.l.cfg.FenceKey {
@@ -177,6 +187,9 @@ func (h *holding) endWith(cause error) bool {
 	h.ended = true
 	stop, stopWrite := h.stopGuard, h.stopWrite
 	h.stopGuard, h.stopWrite = nil, nil
+	if h.capped != nil {
+		h.capped.Stop()
+	}
 	h.mu.Unlock()
 	h.cancel(cause)
 	if stopWrite != nil {

@@ -328,7 +328,8 @@ func (l *Lock) closedErr(ctx context.Context, err error) error {
 // has returned. Of a lost lock it does the same and returns nil; of a Lock
 // not holding, [ErrNotHeld]. With the connection lost it returns at once
 // ([ErrNotReleased]); a store error leaves the delete's outcome unknown. A
-// key left behind expires within its TTL.
+// key left behind expires within its TTL. With ctx done already, it still
+// tries, for at most a second (the TTL if shorter) of its own.
 func (l *Lock) Unlock(ctx context.Context) error {
 	if err := l.begin(ctx); err != nil {
 		return err
@@ -745,10 +746,22 @@ func (l *Lock) dropReservation(ctx context.Context) {
 
 // release ends the holding and deletes the key if it is still this Lock's.
 // The caller has the turn.
+// endedRelease bounds a release asked for with a context already done:
+// past a TTL, there is nothing left to release.
+func endedRelease(ttl time.Duration) time.Duration { return min(ttl, time.Second) }
+
 func (l *Lock) release(ctx context.Context) error {
 	h := l.holding()
 	if h.sched == nil { // never acquired
 		return l.wrap("unlock", ErrNotHeld)
+	}
+	if ctx.Err() != nil {
+		// The caller's context has ended (a cancelled request, a shutdown
+		// under way): the key would stay for a TTL. Try all the same,
+		// within a short time of its own.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), endedRelease(l.cfg.TTL))
+		defer cancel()
 	}
 	held := h.finish(ErrReleased) // false: it was lost (or released) before
 	if !held && errors.Is(h.err(), ErrReleased) {

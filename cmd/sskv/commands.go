@@ -92,6 +92,7 @@ type cmdOpts struct {
 	persist bool
 	file    string
 	ttl     time.Duration
+	maxHold time.Duration
 	limit   int
 	listen  bool
 
@@ -233,7 +234,7 @@ started are not printed.`,
 	},
 	{
 		name:    "lock",
-		args:    "[-ttl DURATION] [-n N] NAME -- COMMAND [ARGS...]",
+		args:    "[-ttl DURATION] [-max-hold DURATION] [-n N] NAME -- COMMAND [ARGS...]",
 		summary: "run COMMAND while holding the lock NAME (or one of N slots)",
 		doc: `Waits for the lock NAME (a key of the state store, held with package
 github.com/dsslock/dsslock/lock), runs COMMAND while holding it, releases it
@@ -268,6 +269,11 @@ succeeded within two thirds of the TTL, or someone else took it), COMMAND
 and every process it started get SIGTERM, then SIGKILL when the store could
 expire the lock (a third of the TTL later), and sskv exits with status 4,
 the reason on stderr. Give -- before COMMAND when it has flags.
+
+With -max-hold D, the lock is given up D after it was taken even while
+its renewals succeed (a hung COMMAND would otherwise keep it forever):
+COMMAND is ended as for a lost lock, and sskv exits with status 4, saying
+so on stderr.
 
 If sskv itself ends (kill -9, a crash), COMMAND and every process it
 started are killed at once, before the lock can expire: on Linux, sskv
@@ -306,12 +312,19 @@ all of these, make COMMAND's writes fenced: "sskv set -ft $DSSLOCK_TOKEN"
 holder has written the same key.`,
 		flags: func(fs *flag.FlagSet, o *cmdOpts) {
 			durationFlag(fs, &o.ttl, "ttl", lock.DefaultTTL, "the lease `DURATION`: how long the lock outlives its holder's last renewal")
+			durationFlag(fs, &o.maxHold, "max-hold", 0, "give the lock up `DURATION` after taking it, even while renewals succeed (default: no cap)")
 			fs.IntVar(&o.limit, "n", 0, "hold one of `N` slots of the semaphore NAME, so that up to N commands run at once\n(default: a lock, one at a time)")
 		},
 		minArgs: 2, maxArgs: -1,
 		check: func(o *cmdOpts, _ []string) error {
 			if o.given["n"] && (o.limit < 1 || o.limit > 1000) {
 				return usagef("-n %d: want 1 to 1000 slots", o.limit)
+			}
+			switch {
+			case o.maxHold < 0 || o.maxHold%time.Millisecond != 0:
+				return usagef("-max-hold %v: must be a positive whole number of milliseconds", o.maxHold)
+			case o.maxHold > 0 && o.given["n"]:
+				return usagef("-max-hold: not with -n (a semaphore's slots have no cap yet)")
 			}
 			return checkTTL(o.ttl)
 		},

@@ -86,7 +86,7 @@ func (h withoutLoss) WithGroup(name string) slog.Handler {
 // runLocked waits for the lock name (with limit > 0: for one of the limit
 // slots of the semaphore name), runs argv while holding it and returns the
 // exit status: argv's, or exitLost if the lock was lost meanwhile.
-func runLocked(ctx context.Context, c *sskv.Client, name string, limit int, argv []string, ttl time.Duration, log *slog.Logger, stdin io.Reader, stdout, stderr io.Writer) int {
+func runLocked(ctx context.Context, c *sskv.Client, name string, limit int, argv []string, ttl, maxHold time.Duration, log *slog.Logger, stdin io.Reader, stdout, stderr io.Writer) int {
 	var (
 		l       holder
 		acquire func(context.Context) error
@@ -95,7 +95,7 @@ func runLocked(ctx context.Context, c *sskv.Client, name string, limit int, argv
 		env     = []string{envLock + "=" + name}
 	)
 	if limit == 0 {
-		lk, err := lock.New(c, lock.Config{Name: name, TTL: ttl, Logger: log})
+		lk, err := lock.New(c, lock.Config{Name: name, TTL: ttl, MaxHold: maxHold, Logger: log})
 		if err != nil {
 			return fail(stderr, usagef("%v", err)) // err says "lock: ..." itself
 		}

@@ -129,6 +129,41 @@ func TestLockLostTerminatesCommand(t *testing.T) {
 	}
 }
 
+// With -max-hold, the lock is given up at its cap although it renews: the
+// command gets SIGTERM, sskv exits with status 4, and the key, still the
+// holder's, is released once the command has exited.
+func TestLockMaxHoldTerminatesCommand(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	dir := t.TempDir()
+	started, trapped := filepath.Join(dir, "started"), filepath.Join(dir, "trapped")
+	script := `trap 'echo TERM > "$1"; exit 0' TERM; : > "$0"; while :; do sleep 0.01; done`
+	o := sskvRun(t, "-addr", srv.Addr(), "lock", "-ttl", "1s", "-max-hold", "1500ms", "l", "--", "sh", "-c", script, started, trapped)
+	o.want(t, exitLost, "", `sskv: lock "l" lost: held for MaxHold (1.5s)`)
+	if b, err := os.ReadFile(trapped); err != nil || string(b) != "TERM\n" {
+		t.Fatalf("the command did not get SIGTERM: %q, %v", b, err)
+	}
+	c, err := sskv.Dial(context.Background(), sskv.Config{Addr: srv.Addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if res, err := c.Get(context.Background(), "l"); err != nil || res.Found {
+		t.Fatalf("after sskv exited, l = %+v, %v; want it released", res, err)
+	}
+}
+
+func TestLockMaxHoldUsage(t *testing.T) {
+	for _, args := range [][]string{
+		{"lock", "-max-hold", "-1s", "l", "--", "true"},
+		{"lock", "-max-hold", "1s", "-n", "2", "l", "--", "true"},
+	} {
+		o := sskvRun(t, args...)
+		if o.code != exitUsage {
+			t.Errorf("sskv %v: status %d, stderr %q; want a usage error", args, o.code, o.stderr)
+		}
+	}
+}
+
 // SIGTERM to sskv reaches the command; the lock is released after the
 // command exits, and sskv exits with the command's status.
 func TestLockPassesSignalsOn(t *testing.T) {
