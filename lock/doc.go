@@ -59,6 +59,11 @@
 //   - A Semaphore never has more than N holders, one per slot, each slot a
 //     FenceKey Lock. Tokens of different slots are not ordered: fence per
 //     slot. N is the record's; a different Limit fails ([ErrLimitMismatch]).
+//   - An [RWMutex] has many readers or one writer, each holding a Lock's
+//     (a reader slot's, or the gate's for a writer). Readers that come after
+//     a waiting writer wait behind it. A writer's token is newer than every
+//     holding's, read or write, that ended before it began
+//     (docs/design/rwmutex.md).
 //
 // # What it assumes, and does not guarantee
 //
