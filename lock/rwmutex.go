@@ -150,8 +150,11 @@ func (m *RWMutex) acquire(ctx context.Context, op string, write, try bool) (bool
 		return false, m.wrap(op, err)
 	}
 	defer m.end()
-	if m.current().Err() == nil {
+	switch cur := m.current(); {
+	case cur.Err() == nil:
 		return false, m.wrap(op, ErrAlreadyHeld)
+	case errors.Is(cur.Err(), ErrLost):
+		m.giveBack(ctx, cur) // a lost holding not released yet: its work has returned
 	}
 	if err := m.checkRecord(ctx); err != nil {
 		return false, m.wrap(op, err)
@@ -186,6 +189,9 @@ func (m *RWMutex) acquire(ctx context.Context, op string, write, try bool) (bool
 			m.giveBack(ctx, m.gate)
 		}
 		switch {
+		case err == nil && held != nil && m.isClosed():
+			m.giveBack(ctx, held)
+			return false, m.wrap(op, ErrClosed)
 		case err == nil && held != nil:
 			m.mu.Lock()
 			m.cur, m.writer = held, write
