@@ -250,7 +250,7 @@ func TestLockSemaphoreProcesses(t *testing.T) {
 
 // "sskv lock -r" runs read together; "sskv lock -w" waits for them, then
 // runs alone, with a token newer than theirs.
-func TestLockReadWrite(t *testing.T) {
+func TestLockRW(t *testing.T) {
 	srv := startStore(t, localstore.Config{})
 	dir := t.TempDir()
 	journal, gate := filepath.Join(dir, "journal"), filepath.Join(dir, "go")

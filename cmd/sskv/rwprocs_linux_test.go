@@ -18,7 +18,7 @@ import (
 	"github.com/dsslock/dsslock/sskv/localstore"
 )
 
-// rwRun is one "sskv lock -r|-w" process of TestLockReadWriteProcesses.
+// rwRun is one "sskv lock -r|-w" process of TestLockRWProcesses.
 type rwRun struct {
 	id               int
 	write            bool
@@ -35,7 +35,7 @@ type rwRun struct {
 // with another command, a writer's token newer than that of every command
 // that ended before it began, and a writer waits for a bounded number of
 // reads.
-func TestLockReadWriteProcesses(t *testing.T) {
+func TestLockRWProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("8 processes for 8 s")
 	}

@@ -13,9 +13,9 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// TestDemo runs the demo on an in-process store: readers read together,
+// TestRWConfigDemo runs the demo on an in-process store: readers read together,
 // the writer's update lands, and the stale reader's write is rejected.
-func TestDemo(t *testing.T) {
+func TestRWConfigDemo(t *testing.T) {
 	var out bytes.Buffer
 	if err := run(context.Background(), &out, ""); err != nil {
 		t.Fatalf("demo failed: %v\n%s", err, out.String())
@@ -28,9 +28,9 @@ func TestDemo(t *testing.T) {
 	t.Log("\n" + out.String())
 }
 
-// TestDemoTwiceOnOneStore: a second run against the same store starts
+// TestRWConfigDemoTwice: a second run against the same store starts
 // afresh.
-func TestDemoTwiceOnOneStore(t *testing.T) {
+func TestRWConfigDemoTwice(t *testing.T) {
 	srv, err := localstore.Start(localstore.Config{})
 	if err != nil {
 		t.Fatal(err)
