@@ -501,3 +501,69 @@ func TestRWMutexStoreRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// While a reader holds and renews, a writer waiting for it sends only the
+// renewals of the gate it holds (as many as the reader's), and a reader
+// queued behind the writer sends nothing.
+func TestRWMutexWaitersSendNothingWhileHoldersRenew(t *testing.T) {
+	srv := startStore(t)
+	// Long enough for the holders not to miss a renewal on a loaded
+	// machine, short enough for 9 TTLs to pass quickly.
+	ttl := 600 * time.Millisecond
+	cfg := lock.RWMutexConfig{Name: "m", MaxReaders: 2, TTL: ttl}
+	ctx := testCtx(t)
+	cr, cw, cl := dial(t, srv.Addr()), dial(t, srv.Addr()), dial(t, srv.Addr())
+	r := newRW(t, cr, cfg)
+	if err := r.RLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w, late := newRW(t, cw, cfg), newRW(t, cl, cfg)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := w.Lock(wctx); !errors.Is(err, context.Canceled) {
+			t.Errorf("writer's Lock = %v; want it cancelled", err)
+		}
+	})
+	waitFor(t, "the writer to wait for the reader", func() bool {
+		return srv.Watching(cw.ID(), lock.RWMutexReader("m", 0)) || srv.Watching(cw.ID(), lock.RWMutexReader("m", 1))
+	})
+	wg.Go(func() {
+		if err := late.RLock(wctx); !errors.Is(err, context.Canceled) {
+			t.Errorf("late reader's RLock = %v; want it cancelled", err)
+		}
+	})
+	waitFor(t, "the late reader to queue", func() bool { return srv.Watching(cl.ID(), lock.RWMutexGate("m")+"\x00inbox\x00"+late.Config().HolderID) })
+	// Entry ends when the late reader's count has not moved for a sixth
+	// of a TTL.
+	var entry int64
+	for settle := time.Now().Add(waitTimeout); ; {
+		n := srv.Requests(cl.ID())
+		time.Sleep(ttl / 6)
+		if srv.Requests(cl.ID()) == n {
+			entry = n
+			break
+		}
+		if time.Now().After(settle) {
+			t.Fatal("the late reader kept sending requests")
+		}
+	}
+	rBefore, wBefore := srv.Requests(cr.ID()), srv.Requests(cw.ID())
+	// The span measured, not a wait for an event: 9 TTLs, clear of the
+	// queue's safeguard check (10.5 TTLs or more after the last try).
+	time.Sleep(9 * ttl)
+	rn, wn, ln := srv.Requests(cr.ID())-rBefore, srv.Requests(cw.ID())-wBefore, srv.Requests(cl.ID())-entry
+	t.Logf("in 9 TTLs: reader %d requests, waiting writer %d, late reader %d", rn, wn, ln)
+	if ln != 0 {
+		t.Errorf("the late reader sent %d requests while queued", ln)
+	}
+	if rn < 18 || wn > rn+3 {
+		t.Errorf("reader %d requests, writer %d: want the writer's gate renewals only, about the reader's", rn, wn)
+	}
+	if r.Err() != nil {
+		t.Fatalf("the reader lost its holding: %v", r.Err())
+	}
+	cancel()
+	wg.Wait()
+}
