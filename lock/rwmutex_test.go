@@ -567,3 +567,59 @@ func TestRWMutexWaitersSendNothingWhileHoldersRenew(t *testing.T) {
 	cancel()
 	wg.Wait()
 }
+
+// A writer's Lock+Unlock amid 3 readers that read again and again (5 ms of
+// work each): its latency, the reads that began while it waited (its
+// fairness: the readers ahead of it on the gate), and its requests.
+func BenchmarkRWMutexWriterAmidReaders(b *testing.B) {
+	srv := startStore(b)
+	ctx := testCtx(b)
+	cfg := lock.RWMutexConfig{Name: "m", MaxReaders: 4, TTL: 3 * time.Second}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var reads atomic.Int64
+	for range 3 {
+		m := newRW(b, dial(b, srv.Addr()), cfg)
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if err := m.RLock(ctx); err != nil {
+					b.Error(err)
+					return
+				}
+				reads.Add(1)
+				time.Sleep(5 * time.Millisecond) // the guarded work
+				if err := m.RUnlock(ctx); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	defer wg.Wait()
+	defer close(stop)
+	cw := dial(b, srv.Addr())
+	w := newRW(b, cw, cfg)
+	var ahead int64
+	most := int64(0)
+	before := srv.Requests(cw.ID())
+	for b.Loop() {
+		n := reads.Load()
+		if err := w.Lock(ctx); err != nil {
+			b.Fatal(err)
+		}
+		d := reads.Load() - n
+		ahead += d
+		most = max(most, d)
+		if err := w.Unlock(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(ahead)/float64(b.N), "reads-ahead/op")
+	b.ReportMetric(float64(most), "max-reads-ahead")
+	b.ReportMetric(float64(srv.Requests(cw.ID())-before)/float64(b.N), "requests/op")
+}
