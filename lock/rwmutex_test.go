@@ -534,7 +534,9 @@ func TestRWMutexWaitersSendNothingWhileHoldersRenew(t *testing.T) {
 			t.Errorf("late reader's RLock = %v; want it cancelled", err)
 		}
 	})
-	waitFor(t, "the late reader to queue", func() bool { return srv.Watching(cl.ID(), lock.RWMutexGate("m")+"\x00inbox\x00"+late.Config().HolderID) })
+	waitFor(t, "the late reader to queue", func() bool {
+		return srv.Watching(cl.ID(), lock.RWMutexGate("m")+"\x00inbox\x00"+late.Config().HolderID)
+	})
 	// Entry ends when the late reader's count has not moved for a sixth
 	// of a TTL.
 	var entry int64
