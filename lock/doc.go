@@ -97,6 +97,7 @@
 //	handover to the next waiter       about 4 requests, a few ms
 //	takeover after a holder crashed   about TTL after its last renewal (Config)
 //	Semaphore Acquire and Release     4 requests when a slot is free
+//	RWMutex RLock and RUnlock         about 7 requests; Lock and Unlock about 6 + MaxReaders
 //
 // A Semaphore participant that held or waited within a TTL queues even when
 // a slot is free, and beside a holder of slot 0 that keeps no queue waits
