@@ -30,8 +30,8 @@ type rwRun struct {
 }
 
 // 8 processes at once, each running "sskv lock -r" or "sskv lock -w" again
-// and again, while the test kills one with SIGKILL every 0.3 to 0.8 s and
-// restarts the store (persisting every key) twice: never a writer's command
+// and again (2 of them writing, 6 mostly reading), while the test kills one
+// with SIGKILL every 0.4 to 1 s and restarts the store (persisting every key) twice: never a writer's command
 // with another command, a writer's token newer than that of every command
 // that ended before it began, and a writer waits for a bounded number of
 // reads.
@@ -75,7 +75,7 @@ echo "out $1 $(date +%s%N)" >> "$0"`
 		wg.Go(func() {
 			for ctx.Err() == nil {
 				mu.Lock()
-				r := &rwRun{id: len(runs), write: rng.IntN(3) == 0}
+				r := &rwRun{id: len(runs), write: p < 2 || rng.IntN(4) == 0} // 2 writers, 6 mostly readers
 				runs = append(runs, r)
 				mu.Unlock()
 				mode := "-r"
@@ -101,14 +101,14 @@ echo "out $1 $(date +%s%N)" >> "$0"`
 			}
 		})
 	}
-	// The faults: a kill -9 of a running sskv every 0.3 to 0.8 s, and two
+	// The faults: a kill -9 of a running sskv every 0.4 to 1 s, and two
 	// store restarts.
 	rng := rand.New(rand.NewPCG(37, 37))
 	restarts := []time.Duration{phase / 3, 2 * phase / 3}
 	start := time.Now()
 	kills := 0
 	for ctx.Err() == nil {
-		timer := time.NewTimer(time.Duration(300+rng.IntN(500)) * time.Millisecond)
+		timer := time.NewTimer(time.Duration(400+rng.IntN(600)) * time.Millisecond)
 		select {
 		case <-ctx.Done():
 		case <-timer.C:
