@@ -30,11 +30,11 @@ type rwRun struct {
 }
 
 // 8 processes at once, each running "sskv lock -r" or "sskv lock -w" again
-// and again (2 of them writing, 6 mostly reading), while the test kills one
-// with SIGKILL every 0.4 to 1 s and restarts the store (persisting every key) twice: never a writer's command
-// with another command, a writer's token newer than that of every command
-// that ended before it began, and a writer waits for a bounded number of
-// reads.
+// and again (2 of them writing, 6 mostly reading), while the test kills
+// one with SIGKILL every 0.4 to 1 s and restarts the store (persisting
+// every key) twice: never a writer's command with another command, a
+// writer's token newer than that of every command that ended before it
+// began, and a writer waits for a bounded number of reads.
 func TestLockRWProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("8 processes for 8 s")
