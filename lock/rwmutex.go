@@ -18,8 +18,8 @@ import (
 const DefaultMaxReaders = 16
 
 // RWMutexConfig configures a participant of an [RWMutex]. HolderID, TTL,
-// RenewInterval, RenewDeadline and Logger mean what they mean in [Config]
-// and apply to every key the participant holds.
+// RenewInterval, RenewDeadline, Logger and OnRenewal mean what they mean in
+// [Config] and apply to every key the participant holds.
 type RWMutexConfig struct {
 	// Name is the lock's record key; its gate is RWMutexGate(Name) and its
 	// reader slots RWMutexReader(Name, i).
@@ -33,6 +33,7 @@ type RWMutexConfig struct {
 	HolderID                          string
 	TTL, RenewInterval, RenewDeadline time.Duration
 	Logger                            *slog.Logger
+	OnRenewal                         func(latency time.Duration, err error)
 }
 
 // RWMutexGate returns the key of the gate of the RWMutex name: a FenceKey
@@ -88,7 +89,7 @@ func NewRWMutex(c *sskv.Client, cfg RWMutexConfig) (*RWMutex, error) {
 		cfg.HolderID = defaultHolderID(c.ID())
 	}
 	lc := Config{Name: RWMutexGate(cfg.Name), HolderID: cfg.HolderID, TTL: cfg.TTL, RenewInterval: cfg.RenewInterval,
-		RenewDeadline: cfg.RenewDeadline, FenceKey: true, Logger: cfg.Logger}
+		RenewDeadline: cfg.RenewDeadline, FenceKey: true, Logger: cfg.Logger, OnRenewal: cfg.OnRenewal}
 	gate, err := New(c, lc)
 	if err != nil {
 		return nil, err
@@ -130,8 +131,8 @@ func (m *RWMutex) Lock(ctx context.Context) error {
 	return err
 }
 
-// TryRLock is RLock without waiting: it reports false if the gate or every
-// slot is held.
+// TryRLock is RLock without waiting: it reports false if the gate is held
+// (by a writer, or by a reader entering for a moment) or every slot is.
 func (m *RWMutex) TryRLock(ctx context.Context) (bool, error) {
 	return m.acquire(ctx, "try rlock", false, true)
 }
