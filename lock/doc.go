@@ -62,6 +62,11 @@
 //   - A Semaphore never has more than N holders, one per slot, each slot a
 //     FenceKey Lock. Tokens of different slots are not ordered: fence per
 //     slot. N is the record's; a different Limit fails ([ErrLimitMismatch]).
+//   - An [RWMutex] has many readers or one writer, each holding a Lock's
+//     (a reader slot's, or the gate's for a writer). Readers that come after
+//     a waiting writer wait behind it. A writer's token is newer than every
+//     holding's, read or write, that ended before it began
+//     (docs/design/rwmutex.md).
 //
 // # What it assumes, and does not guarantee
 //
@@ -95,6 +100,7 @@
 //	handover to the next waiter       about 4 requests, a few ms
 //	takeover after a holder crashed   about TTL after its last renewal (Config)
 //	Semaphore Acquire and Release     4 requests when a slot is free
+//	RWMutex RLock and RUnlock         about 7 requests; Lock and Unlock about 6 + MaxReaders
 //
 // A Semaphore participant that held or waited within a TTL queues even when
 // a slot is free, and beside a holder of slot 0 that keeps no queue waits

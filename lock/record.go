@@ -94,7 +94,7 @@ func fenceRecord(value []byte) (string, bool) {
 
 // checkRecord returns an error wrapping ErrNotALock if the key of a lock
 // (with FenceKey set or not, as fenceKey says) holds value, which will never
-// be released to that lock: a Semaphore's record, which never expires; the
+// be released to that lock: a Semaphore's or RWMutex's record, which never expires; the
 // record of a lock with the other FenceKey setting (an election's, say);
 // or a value no lock writes. It returns nil for a missing key (nil) and for
 // what a holder of the same kind writes, which expires or is released:
@@ -116,6 +116,8 @@ func checkRecord(fenceKey bool, value []byte) error {
 		what = fmt.Sprintf("the record of a lock with FenceKey, such as an election's (holder %s): a Lock without FenceKey cannot share a key with it", quote([]byte(id)))
 	case bytes.HasPrefix(value, []byte(semaphoreRecordPrefix)):
 		what = "a semaphore's record, which never expires: the name is a Semaphore's"
+	case bytes.HasPrefix(value, []byte(rwRecordPrefix)):
+		what = "a read-write lock's record, which never expires: the name is an RWMutex's"
 	case len(value) > 0 && bytes.IndexByte(value, '\n') < 0:
 		if !fenceKey {
 			return nil

@@ -94,6 +94,8 @@ type cmdOpts struct {
 	ttl     time.Duration
 	maxHold time.Duration
 	limit   int
+	read    bool // lock -r
+	write   bool // lock -w
 	listen  bool
 
 	given map[string]bool // the command's flags given explicitly
@@ -234,8 +236,8 @@ started are not printed.`,
 	},
 	{
 		name:    "lock",
-		args:    "[-ttl DURATION] [-max-hold DURATION] [-n N] NAME -- COMMAND [ARGS...]",
-		summary: "run COMMAND while holding the lock NAME (or one of N slots)",
+		args:    "[-ttl DURATION] [-max-hold DURATION] [-n N | -r | -w] NAME -- COMMAND [ARGS...]",
+		summary: "run COMMAND while holding the lock NAME (or one of N slots, or to read or write)",
 		doc: `Waits for the lock NAME (a key of the state store, held with package
 github.com/dsslock/dsslock/lock), runs COMMAND while holding it, releases it
 when COMMAND exits, and exits with COMMAND's status (128+N if a signal N
@@ -260,6 +262,16 @@ first run writes N into the key NAME, and a run that gives another N fails
 change N, delete the key while no run holds a slot: "sskv del NAME".
 
 	sskv lock -n 2 fleet/firmware -- ./upgrade.sh   # at most 2 at once
+
+With -r or -w, NAME is a read-write lock (lock.RWMutex, up to 16 readers):
+commands run with -r run together, up to 16 at once, and a command run
+with -w runs alone. A -w run waits for the -r commands running, and -r
+runs that start after it wait for it, so a stream of readers cannot keep
+a writer out. DSSLOCK_TOKEN of a -w run is newer than that of every run,
+-r or -w, that ended before it began: fence the writes with it.
+
+	sskv lock -r config/site -- ./render.sh        # many at once
+	sskv lock -w config/site -- ./update.sh        # alone
 
 SIGINT and SIGTERM sent to sskv are passed on to COMMAND. The lock is
 released only once COMMAND and every process it started have exited:
@@ -314,17 +326,22 @@ holder has written the same key.`,
 			durationFlag(fs, &o.ttl, "ttl", lock.DefaultTTL, "the lease `DURATION`: how long the lock outlives its holder's last renewal")
 			durationFlag(fs, &o.maxHold, "max-hold", 0, "give the lock up `DURATION` after taking it, even while renewals succeed (default: no cap)")
 			fs.IntVar(&o.limit, "n", 0, "hold one of `N` slots of the semaphore NAME, so that up to N commands run at once\n(default: a lock, one at a time)")
+			fs.BoolVar(&o.read, "r", false, "read: hold the read-write lock NAME for reading, beside other -r runs")
+			fs.BoolVar(&o.write, "w", false, "write: hold the read-write lock NAME for writing, alone")
 		},
 		minArgs: 2, maxArgs: -1,
 		check: func(o *cmdOpts, _ []string) error {
 			if o.given["n"] && (o.limit < 1 || o.limit > 1000) {
 				return usagef("-n %d: want 1 to 1000 slots", o.limit)
 			}
+			if n := btoi(o.given["n"]) + btoi(o.read) + btoi(o.write); n > 1 {
+				return usagef("-n, -r and -w exclude each other: a lock is a semaphore or a read-write lock")
+			}
 			switch {
 			case o.maxHold < 0 || o.maxHold%time.Millisecond != 0:
 				return usagef("-max-hold %v: must be a positive whole number of milliseconds", o.maxHold)
-			case o.maxHold > 0 && o.given["n"]:
-				return usagef("-max-hold: not with -n (a semaphore's slots have no cap yet)")
+			case o.maxHold > 0 && (o.given["n"] || o.read || o.write):
+				return usagef("-max-hold: only for a lock, not with -n, -r or -w (their slots have no cap yet)")
 			}
 			return checkTTL(o.ttl)
 		},

@@ -83,10 +83,25 @@ func (h withoutLoss) WithGroup(name string) slog.Handler {
 	return withoutLoss{h.Handler.WithGroup(name)}
 }
 
-// runLocked waits for the lock name (with limit > 0: for one of the limit
-// slots of the semaphore name), runs argv while holding it and returns the
-// exit status: argv's, or exitLost if the lock was lost meanwhile.
-func runLocked(ctx context.Context, c *sskv.Client, name string, limit int, argv []string, ttl, maxHold time.Duration, log *slog.Logger, stdin io.Reader, stdout, stderr io.Writer) int {
+// lockKind says what kind of lock "sskv lock" holds: a Lock, one of limit
+// slots of a Semaphore (limit > 0), or an RWMutex for reading or writing.
+type lockKind struct {
+	limit       int
+	read, write bool
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// runLocked waits for the lock name (of kind k), runs argv while holding it
+// and returns the exit status: argv's, or exitLost if the lock was lost
+// meanwhile.
+func runLocked(ctx context.Context, c *sskv.Client, name string, k lockKind, argv []string, ttl, maxHold time.Duration, log *slog.Logger, stdin io.Reader, stdout, stderr io.Writer) int {
+	limit := k.limit
 	var (
 		l       holder
 		acquire func(context.Context) error
@@ -94,14 +109,26 @@ func runLocked(ctx context.Context, c *sskv.Client, name string, limit int, argv
 		grace   time.Duration // see below
 		env     = []string{envLock + "=" + name}
 	)
-	if limit == 0 {
+	switch {
+	case k.read || k.write:
+		m, err := lock.NewRWMutex(c, lock.RWMutexConfig{Name: name, TTL: ttl, Logger: log})
+		if err != nil {
+			return fail(stderr, usagef("%v", err))
+		}
+		defer func() { _ = m.Close(context.Background()) }() // after the release: closes the gate's idle queue
+		l, acquire, release = m, m.RLock, m.RUnlock
+		if k.write {
+			acquire, release = m.Lock, m.Unlock
+		}
+		grace = m.Config().TTL - m.Config().RenewDeadline
+	case limit == 0:
 		lk, err := lock.New(c, lock.Config{Name: name, TTL: ttl, MaxHold: maxHold, Logger: log})
 		if err != nil {
 			return fail(stderr, usagef("%v", err)) // err says "lock: ..." itself
 		}
 		l, acquire, release = lk, lk.Lock, lk.Unlock
 		grace = lk.Config().TTL - lk.Config().RenewDeadline
-	} else {
+	default:
 		s, err := lock.NewSemaphore(c, lock.SemaphoreConfig{Name: name, Limit: limit, TTL: ttl, Logger: log})
 		if err != nil {
 			return fail(stderr, usagef("%v", err))
@@ -116,7 +143,7 @@ func runLocked(ctx context.Context, c *sskv.Client, name string, limit int, argv
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(sigs)
-	if limit == 0 {
+	if limit == 0 && !k.read && !k.write {
 		sayHolder(ctx, c, name, stderr)
 	}
 	if err := acquire(ctx); err != nil {
@@ -125,7 +152,7 @@ func runLocked(ctx context.Context, c *sskv.Client, name string, limit int, argv
 			return exitError
 		}
 		if errors.Is(err, lock.ErrNotALock) { // waiting would last forever: say what fits the key
-			err = fmt.Errorf("%w\n(not waiting: -n N holds a slot of a semaphore; 'sskv elect NAME' campaigns in an election)", err)
+			err = fmt.Errorf("%w\n(not waiting: -n N holds a slot of a semaphore, -r or -w a read-write lock; 'sskv elect NAME' campaigns in an election)", err)
 		}
 		return fail(stderr, err)
 	}

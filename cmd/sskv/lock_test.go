@@ -282,3 +282,81 @@ func TestLockSemaphoreProcesses(t *testing.T) {
 	sskvRun(t, "-addr", srv.Addr(), "lock", "-n", "3", "fleet/fw", "--", "true").want(t, exitError, "", "limit mismatch")
 	sskvRun(t, "-addr", srv.Addr(), "lock", "-n", "0", "fleet/fw", "--", "true").want(t, exitUsage, "", "-n 0")
 }
+
+// "sskv lock -r" runs read together; "sskv lock -w" waits for them, then
+// runs alone, with a token newer than theirs.
+func TestLockRW(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	dir := t.TempDir()
+	journal, gate := filepath.Join(dir, "journal"), filepath.Join(dir, "go")
+	// A reader says it is in, waits for the other reader to be in too (so
+	// both read at once), then for the test's go.
+	reader := `echo "r $DSSLOCK_TOKEN" >> "$0"; : > "$1"; until [ -e "$2" ] && [ -e "$3" ]; do sleep 0.01; done; ` +
+		`until [ -e "$4" ]; do sleep 0.01; done; echo "r-out" >> "$0"`
+	writer := `echo "w $DSSLOCK_TOKEN" >> "$0"`
+	in0, in1 := filepath.Join(dir, "in0"), filepath.Join(dir, "in1")
+	outs := make(chan outcome, 3)
+	for _, in := range []string{in0, in1} {
+		go func() {
+			outs <- sskvRun(t, "-addr", srv.Addr(), "lock", "-r", "-ttl", "2s", "cfg", "--", "sh", "-c", reader, journal, in, in0, in1, gate)
+		}()
+	}
+	waitFile(t, in0)
+	waitFile(t, in1)
+	go func() {
+		outs <- sskvRun(t, "-addr", srv.Addr(), "lock", "-w", "-ttl", "2s", "cfg", "--", "sh", "-c", writer, journal)
+	}()
+	// The writer holds the gate, waiting for the readers.
+	c, err := sskv.Dial(context.Background(), sskv.Config{Addr: srv.Addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	w, err := c.Watch(ctx, "cfg\x00gate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for ev := range w.Events() {
+		if ev.Op == sskv.OpSet {
+			break
+		}
+	}
+	w.Stop()
+	if ctx.Err() != nil {
+		t.Fatal("the writer did not take the gate")
+	}
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		(<-outs).want(t, exitOK, "", "")
+	}
+	data, err := os.ReadFile(journal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	line := regexp.MustCompile(`^([rw]) (\d{15}:\d{5}:statestore)$`)
+	if len(lines) != 5 || lines[2] != "r-out" || lines[3] != "r-out" {
+		t.Fatalf("want 2 readers in, both out, then the writer:\n%s", data)
+	}
+	var toks []hlc.Timestamp
+	for _, i := range []int{0, 1, 4} {
+		m := line.FindStringSubmatch(lines[i])
+		if m == nil {
+			t.Fatalf("line %q:\n%s", lines[i], data)
+		}
+		tok, err := hlc.Parse(m[2])
+		if err != nil {
+			t.Fatal(err)
+		}
+		toks = append(toks, tok)
+	}
+	if !strings.HasPrefix(lines[4], "w ") || !toks[2].After(toks[0]) || !toks[2].After(toks[1]) {
+		t.Fatalf("the writer's token is not after the readers':\n%s", data)
+	}
+	sskvRun(t, "-addr", srv.Addr(), "lock", "-r", "-n", "2", "cfg", "--", "true").want(t, exitUsage, "", "exclude each other")
+	sskvRun(t, "-addr", srv.Addr(), "lock", "cfg", "--", "true").want(t, exitError, "", "read-write lock's record")
+}

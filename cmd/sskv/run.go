@@ -107,7 +107,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		if !cf.verbose {
 			log = slog.New(withoutLoss{log.Handler()})
 		}
-		return runLocked(ctx, c, pos[0], o.limit, pos[1:], o.ttl, o.maxHold, log, stdin, stdout, stderr)
+		return runLocked(ctx, c, pos[0], lockKind{limit: o.limit, read: o.read, write: o.write}, pos[1:], o.ttl, o.maxHold, log, stdin, stdout, stderr)
 	case "elect":
 		if o.listen {
 			return observeElection(ctx, c, pos[0], stdout, stderr)

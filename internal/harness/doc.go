@@ -108,6 +108,12 @@
 //	DSSLOCK_SEED=1234 DSSLOCK_REPEAT=500 DSSLOCK_PARALLEL=3 \
 //		go test -run 'TestHarness$' -v -timeout 2h ./internal/harness # until it fails
 //
+// TestRWMutexHarness runs participants of a lock.RWMutex, each behind a
+// fault proxy, under random blackholes, partitions, cuts, delay and store
+// restarts, and checks their holdings with the RWMutex's own oracle: no
+// holding beside a writer's, and tokens ordered (docs/design/rwmutex.md).
+// DSSLOCK_RW_SCHEDULES sets how many schedules it runs (default 3).
+//
 // Environment: DSSLOCK_SCHEDULES (default 20); DSSLOCK_SEED (the first seed;
 // default 1000, so that CI runs the same fault sequences every time);
 // DSSLOCK_PARALLEL (schedules run at once, default 4: they mostly wait on
