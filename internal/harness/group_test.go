@@ -118,20 +118,30 @@ func (s *schedule) runGroup(ctx context.Context, observer *sskv.Client, res resu
 
 	// The shares even out, and stay even.
 	var sh shares
-	even, stalled := s.waitUntil(runCtx, healedAt, rebalanceLimit, pollPace, func() bool {
+	balanced := func() bool {
 		sh = s.shares(ctx, groups)
 		return sh.even()
-	})
-	rebalanced := time.Duration(s.h.now() - healed)
+	}
+	even, stalled := s.waitUntil(runCtx, healedAt, rebalanceLimit, pollPace, balanced)
+	rebalanced, evenAt := time.Duration(s.h.now()-healed), time.Now()
 	if !even {
 		violate("the members' shares were not within one of each other %v after the faults were healed, and the %v the test process stood still meanwhile: %s",
 			rebalanceLimit, stalled.Round(time.Millisecond), sh.String())
 	}
 	s.sleep(runCtx, settle)
-	if even {
-		if sh = s.shares(ctx, groups); !sh.even() {
+	if even && !balanced() {
+		// A process that stands still misses its renewals, and its
+		// terms and slot are lost as they should be: the shares must
+		// then even out again, as after a fault.
+		now := time.Now()
+		if stalled := s.stalls.within(evenAt, now); stalled == 0 {
 			violate("the members' shares were even %v after the faults were healed, and no longer %v later, with no fault: %s",
 				rebalanced.Round(time.Millisecond), settle, sh.String())
+		} else if again, _ := s.waitUntil(runCtx, now, rebalanceLimit, pollPace, balanced); !again {
+			violate("the members' shares were even %v after the faults were healed, and no longer %v later, after the test process stood still for %v; and not again within %v: %s",
+				rebalanced.Round(time.Millisecond), settle, stalled.Round(time.Millisecond), rebalanceLimit, sh.String())
+		} else {
+			s.logger.Info("harness: the shares were even again after the test process stood still", "harness", s.seed, "for", stalled)
 		}
 	}
 	s.logger.Info("harness: shares at the end", "harness", s.seed, "shares", sh.String())

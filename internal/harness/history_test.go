@@ -342,6 +342,9 @@ func (h *history) storeOrder() func(a, b hlc.Timestamp) int {
 // of a later one has. A write sent after a pause, with a token from an
 // earlier store than the one that accepted it, is left out: the register's
 // fence, lost with that store, was all that stood in its way.
+// Each register is checked on its own (a semaphore or group schedule has
+// one for each slot or election, written with that slot's or election's
+// tokens).
 func (h *history) checkTokens() []string {
 	h.mu.Lock()
 	acked := slices.Clone(h.acked)
