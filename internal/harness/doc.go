@@ -96,11 +96,17 @@
 // within the renew deadline of a deletion of the holding's key by hand does
 // not extend its window (the holder cannot know of it sooner; fencing is
 // what keeps the register safe meanwhile). After the faults are healed,
-// every participant must write again, and every election's work, within
-// 5 s; and the members' shares (the election keys each holds, read from
-// the store) must be within one of each other within 8 TTLs, and still a
-// moment later (or, if the test process stood still meanwhile, even again
-// within 8 TTLs after that).
+// every member of a group must see every other within 5 s (joining takes
+// a free slot, and waits in no queue); every participant must write again,
+// and every election's work, and the members' shares (the election keys
+// each holds, read from the store) must be within one of each other, within
+// 8.6 s: a waiter in a lock's queue may lose a message, and then waits for
+// its recheck, about 11 TTLs (docs/design/queue.md, L7), and a few
+// handovers. Taking more than 5 s is reported, not a violation, and keeps
+// the schedule's log, with the goroutines' stacks at 5 s. The shares must
+// still be even a moment later (or, if the test process stood still
+// meanwhile, even again within 8.6 s after that). How often an Acquire
+// was overtaken is reported too.
 //
 // A failing schedule prints its seed and the command that replays it, and
 // writes porcupine's HTML visualization of its history (with faults, terms

@@ -29,13 +29,15 @@ import (
 //     (see holding and history.checkHoldings);
 //   - a term that led when the store was closed ends within the renew
 //     deadline (history.storeLost);
-//   - after the faults are healed, every election's work writes again
-//     within livenessLimit;
+//   - after the faults are healed, every member sees every member within
+//     livenessLimit (joining takes a free slot: no queue to wait in), and
+//     every election's work writes again within queuedLimit (a campaign
+//     waits in its election's queue: see semaphore_test.go);
 //   - once the members are stable (no fault since the healing), every
 //     member's share is within one of the others': the election keys, read
 //     from the store, are each held, and the counts of the members' terms
-//     differ by at most one, within rebalanceLimit of the healing, and
-//     still after settle;
+//     differ by at most one, within rebalanceLimit of the healing (over
+//     livenessLimit is reported), and still after settle;
 //   - every member's Run returns soon after the schedule ends.
 const (
 	members   = 3
@@ -44,8 +46,9 @@ const (
 	// rebalanceLimit is how soon after the faults are healed the shares
 	// must be even: a member that lost its slot joins again, the members'
 	// views settle, and the elections handed over are won by their new
-	// owners, each within a TTL or so.
-	rebalanceLimit = 8 * ttl
+	// owners, each within a TTL or so, unless a message of a campaign's
+	// queue was lost (see queuedLimit).
+	rebalanceLimit = queuedLimit
 	groupPace      = 3 * opPace // a term's pause between read-modify-writes
 )
 
@@ -93,6 +96,23 @@ func (s *schedule) runGroup(ctx context.Context, observer *sskv.Client, res resu
 	res.violations = append(res.violations, s.failures...)
 	healed, healedAt := s.h.now(), time.Now()
 
+	// Every member joins again, at once: taking a free member slot waits
+	// for no queue, only for the hold-off after a reconnect (a TTL).
+	allJoined := func() bool {
+		for _, cd := range s.cand {
+			if len(groups[cd.id].Members()) != members {
+				return false
+			}
+		}
+		return true
+	}
+	joined, stalled := s.waitUntil(runCtx, healedAt, livenessLimit, pollPace, allJoined)
+	if !joined {
+		violate("the members did not all see each other within %v after the faults were healed, and the %v the test process stood still meanwhile; %s",
+			livenessLimit, stalled.Round(time.Millisecond), s.shares(ctx, groups).String())
+		s.dumpGoroutines()
+	}
+
 	// Every election's work writes again.
 	allWrote := func() bool {
 		for _, e := range elections {
@@ -102,7 +122,7 @@ func (s *schedule) runGroup(ctx context.Context, observer *sskv.Client, res resu
 		}
 		return true
 	}
-	ok, stalled := s.waitUntil(runCtx, healedAt, livenessLimit, 0, allWrote)
+	ok, stalled := s.waitUntil(runCtx, healedAt, queuedLimit, 0, allWrote)
 	if !ok {
 		var missing []string
 		for _, e := range elections {
@@ -110,8 +130,8 @@ func (s *schedule) runGroup(ctx context.Context, observer *sskv.Client, res resu
 				missing = append(missing, e)
 			}
 		}
-		violate("no work of %s wrote within %v after the faults were healed, and the %v the test process stood still meanwhile; %s",
-			strings.Join(missing, ", "), livenessLimit, stalled.Round(time.Millisecond), s.shares(ctx, groups).String())
+		violate("no work of %s wrote within %v after the faults were healed (a lost message's recheck and a few handovers), and the %v the test process stood still meanwhile; %s",
+			strings.Join(missing, ", "), queuedLimit, stalled.Round(time.Millisecond), s.shares(ctx, groups).String())
 		s.dumpGoroutines()
 	}
 	recovered := time.Duration(s.h.now() - healed)
@@ -122,8 +142,20 @@ func (s *schedule) runGroup(ctx context.Context, observer *sskv.Client, res resu
 		sh = s.shares(ctx, groups)
 		return sh.even()
 	}
-	even, stalled := s.waitUntil(runCtx, healedAt, rebalanceLimit, pollPace, balanced)
+	even, stalled := s.waitUntil(runCtx, healedAt, livenessLimit, pollPace, balanced)
+	if !even {
+		// Where the campaigns wait, for the report, then the rest of the
+		// time a lost message may cost.
+		s.logger.Info("harness: the shares were not even within livenessLimit after the healing", "harness", s.seed, "shares", sh.String())
+		s.dumpGoroutines()
+		even, stalled = s.waitUntil(runCtx, healedAt, rebalanceLimit, pollPace, balanced)
+	}
 	rebalanced, evenAt := time.Duration(s.h.now()-healed), time.Now()
+	if even && rebalanced > livenessLimit+stalled {
+		res.slowQueue = 1
+		s.t.Logf("not a violation: the shares were even only %v after the faults were healed (within the %v a lost message may cost, but over %v)",
+			rebalanced.Round(time.Millisecond), rebalanceLimit, livenessLimit)
+	}
 	if !even {
 		violate("the members' shares were not within one of each other %v after the faults were healed, and the %v the test process stood still meanwhile: %s",
 			rebalanceLimit, stalled.Round(time.Millisecond), sh.String())

@@ -81,6 +81,8 @@ type result struct {
 	kinds                         map[string]int // faults injected, by kind
 	violations                    []string
 	slowStops, overlaps, lateKeys int // reported, not violations
+	slowQueue                     int // 1: a semaphore or group schedule took over livenessLimit to recover, within queuedLimit (reported)
+	overtaken                     int // the most times an Acquire was overtaken (reported)
 }
 
 func envInt(t *testing.T, name string, def int64) int64 {
@@ -179,6 +181,8 @@ func TestHarness(t *testing.T) {
 				total.slowStops += r.slowStops
 				total.overlaps += r.overlaps
 				total.lateKeys += r.lateKeys
+				total.slowQueue += r.slowQueue
+				total.overtaken = max(total.overtaken, r.overtaken)
 				mu.Unlock()
 				for _, v := range r.violations {
 					t.Errorf("%s: %s", runName(seed, rn.n), v)
@@ -195,6 +199,10 @@ func TestHarness(t *testing.T) {
 	}
 	t.Logf("not violations, but worth a look: %d schedules slow to stop (over %v), %d terms that began before the previous one saw its end, %d keys re-created by held-back requests of their own terms (ended, or going on with no other term between)",
 		total.slowStops, slowStop, total.overlaps, total.lateKeys)
+	if byKind[kindSemaphore].runs+byKind[kindGroup].runs > 0 {
+		t.Logf("not violations, but worth a look: %d semaphore or group schedules recovered in over %v after the faults were healed (within the %v a lost queue message may cost); an Acquire was overtaken at most %d times",
+			total.slowQueue, livenessLimit, queuedLimit, total.overtaken)
+	}
 	line := fmt.Sprintf("harness: %d schedules, %d ops, %d faults, %d takeovers, %d stale rejected, %d violations",
 		ran, total.ops, total.faults, total.takeovers, total.stale, len(total.violations))
 	if d := stalls.within(time.Time{}, time.Now()); d > 0 {
@@ -559,7 +567,7 @@ func runSchedule(t *testing.T, seed, run int64, v variant, stalls *stallMonitor)
 // slow to stop, writes its evidence: the log and the visualization.
 func (s *schedule) finish(res result, info porcupine.LinearizationInfo, summary string, slow bool) result {
 	s.t.Log(summary)
-	if len(res.violations) > 0 || slow || os.Getenv("DSSLOCK_VISUALIZE") != "" {
+	if len(res.violations) > 0 || slow || res.slowQueue > 0 || os.Getenv("DSSLOCK_VISUALIZE") != "" {
 		s.evidence(res.violations, summary)
 		html := s.visualize(info, res.violations, summary)
 		logPath := s.writeLog()

@@ -147,6 +147,7 @@ type history struct {
 	deleted           map[hlc.Timestamp][][2]int64 // by token: when a key held with it was deleted by hand
 	lastConfirmed     map[string]int64             // by candidate: the last time a holding of its was confirmed
 	lastConfirmedSlot map[string]int64             // the same by slot or election
+	acquisitions      []acquisition                // a semaphore's Acquire calls that returned nil
 }
 
 func newHistory() *history {

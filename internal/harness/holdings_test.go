@@ -315,8 +315,57 @@ func msList(ts []int64) string {
 	return "[" + strings.Join(parts, " ") + "]"
 }
 
-// The idle pace of checks that poll the store.
-const pollPace = 50 * time.Millisecond
+const (
+	// pollPace is the pace of checks that poll the store.
+	pollPace = 50 * time.Millisecond
+	// lostMessage is how long a waiter in a lock's queue may wait for a
+	// message lost on its way (an inbox key overwritten, say): it joins
+	// again after about 11 TTLs, the queue's safeguard recheck
+	// (docs/design/queue.md, L7).
+	lostMessage = 11 * ttl
+	// queuedLimit is how soon after the faults are healed every waiter
+	// must be served: a lost message, then a few handovers.
+	queuedLimit = lostMessage + 2*time.Second
+)
+
+// acquisition is a call of Acquire that returned nil.
+type acquisition struct {
+	who       string
+	call, ret int64
+}
+
+// acquired records an acquisition by who, called at call, that returned
+// now.
+func (h *history) acquired(who string, call int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.acquisitions = append(h.acquisitions, acquisition{who: who, call: call, ret: h.now()})
+}
+
+// overtakes returns, for the acquisition overtaken most often, how many
+// acquisitions of others were called after it and returned before it, and
+// who it was; and how many acquisitions were overtaken more than limit
+// times. The lock documents about 2N at most with N others waiting (more
+// after a lost message): reported, not a violation.
+func (h *history) overtakes(limit int) (most int, who string, over int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, a := range h.acquisitions {
+		n := 0
+		for _, b := range h.acquisitions {
+			if b.who != a.who && b.call > a.call && b.ret < a.ret {
+				n++
+			}
+		}
+		if n > most {
+			most, who = n, fmt.Sprintf("%s, waiting from %v to %v", a.who, ms(a.call), ms(a.ret))
+		}
+		if n > limit {
+			over++
+		}
+	}
+	return most, who, over
+}
 
 // tokenSource is what a holding's work asks for its token: a Semaphore or
 // a leader.Term.

@@ -30,7 +30,10 @@ import (
 //   - a holding that was held when the store was closed ends within the
 //     renew deadline (history.storeLost);
 //   - after the faults are healed, every participant holds and writes again
-//     within livenessLimit;
+//     within queuedLimit: the lock's queue documents that a lost message
+//     costs a waiter about 11 TTLs (its recheck); one that took longer
+//     than livenessLimit is reported, not a violation, with the goroutines'
+//     stacks in the log, as is how often an Acquire was overtaken;
 //   - every participant's Acquire, holding and Release return soon after
 //     the schedule ends.
 const (
@@ -82,17 +85,27 @@ func (s *schedule) runSemaphore(ctx context.Context, observer *sskv.Client, res 
 	}
 	ok, stalled := s.waitUntil(runCtx, healedAt, livenessLimit, 0, allWrote)
 	if !ok {
+		// Where the waiters wait, for the report, then the rest of the
+		// time a lost message may cost.
+		s.logger.Info("harness: not every participant wrote within livenessLimit after the healing", "harness", s.seed, "slots", s.slotHolders(ctx))
+		s.dumpGoroutines()
+		ok, stalled = s.waitUntil(runCtx, healedAt, queuedLimit, 0, allWrote)
+	}
+	recovered := time.Duration(s.h.now() - healed)
+	if !ok {
 		var missing []string
 		for _, cd := range s.cand {
 			if !s.h.confirmedSince(cd.id, "", healed) {
 				missing = append(missing, cd.id)
 			}
 		}
-		violate("%s did not hold the semaphore and write within %v after the faults were healed, and the %v the test process stood still meanwhile (slots: %s)",
-			strings.Join(missing, ", "), livenessLimit, stalled.Round(time.Millisecond), s.slotHolders(ctx))
-		s.dumpGoroutines()
+		violate("%s did not hold the semaphore and write within %v after the faults were healed (a lost message's recheck and a few handovers), and the %v the test process stood still meanwhile (slots: %s)",
+			strings.Join(missing, ", "), queuedLimit, stalled.Round(time.Millisecond), s.slotHolders(ctx))
+	} else if recovered > livenessLimit+stalled {
+		res.slowQueue = 1
+		s.t.Logf("not a violation: a participant held the semaphore again only %v after the faults were healed (within the %v a lost message may cost, but over %v)",
+			recovered.Round(time.Millisecond), queuedLimit, livenessLimit)
 	}
-	recovered := time.Duration(s.h.now() - healed)
 	s.sleep(runCtx, settle)
 
 	stop()
@@ -113,6 +126,7 @@ func (s *schedule) participate(ctx context.Context, cd *candidate, sem *lock.Sem
 		}
 	}()
 	for ctx.Err() == nil {
+		call := s.h.now()
 		if err := sem.Acquire(ctx); err != nil {
 			if ctx.Err() == nil {
 				// Refused (a clock too far ahead, say): try again after a
@@ -122,6 +136,7 @@ func (s *schedule) participate(ctx context.Context, cd *candidate, sem *lock.Sem
 			}
 			continue
 		}
+		s.h.acquired(cd.id, call)
 		s.hold(ctx, cd, sem)
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
 		err := sem.Release(rctx)
@@ -208,6 +223,11 @@ func (s *schedule) checkKind(res result, limit int, what string, recovered, stop
 		n, most := s.h.believedOver(limit)
 		res.overlaps = n
 		believed = fmt.Sprintf("; believed holdings over %d %d times (most at once %d)", limit, n, most)
+		over, who, n2 := s.h.overtakes(2 * (participants - 1))
+		res.overtaken = over
+		if over > 0 {
+			believed += fmt.Sprintf("; an Acquire overtaken at most %d times (%s), %d over 2N = %d", over, who, n2, 2*(participants-1))
+		}
 	}
 	if slow {
 		res.slowStops = 1
