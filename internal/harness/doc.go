@@ -108,6 +108,12 @@
 // meanwhile, even again within 8.6 s after that). How often an Acquire
 // was overtaken is reported too.
 //
+// Three tests (lostanswer_test.go) force, in 10 s each, the lost answers
+// that the semaphore and group schedules found waited out for the client's
+// RequestTimeout: a Group member's TryLock after a reconnect, a
+// Semaphore's read of its record, and a watch's registration after a
+// reconnect. They fail until those waits are bounded.
+//
 // A failing schedule prints its seed and the command that replays it, and
 // writes porcupine's HTML visualization of its history (with faults, terms
 // and observed step backs annotated) and a debug log (the stores', the

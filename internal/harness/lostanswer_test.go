@@ -125,3 +125,73 @@ func TestTryAcquireDoesNotWaitOutALostAnswer(t *testing.T) {
 		t.Errorf("TryAcquire waited %v for lost answers (more than %v): an Acquire waits as long", took.Round(time.Millisecond), limit)
 	}
 }
+
+// TestWatchAfterReconnectDoesNotWaitOutALostAnswer: the semaphore schedule
+// of seed 7130 (and its first replay) had a waiter deaf for 10 s after a
+// reconnect: the client registers its watches again (KEYNOTIFY), those
+// answers were lost, and it waits the client's RequestTimeout (10 s,
+// sskv/watchregistry.go) before it tries again ("watch re-registration
+// failed; retrying"). Meanwhile the waiter's inbox, queue and key watches
+// deliver nothing, and it misses its turns (the others held the semaphore
+// hundreds of times). Here: a watch, its client's connection kicked while
+// the store drops that client's answers, the drop lifted once the client
+// is back, and the key set: the watch must deliver the change soon.
+func TestWatchAfterReconnectDoesNotWaitOutALostAnswer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a store")
+	}
+	s := &schedule{t: t, h: newHistory(), logger: slog.New(slog.DiscardHandler)}
+	if err := s.startStore(); err != nil {
+		t.Fatal(err)
+	}
+	defer s.stopStore()
+	srv := s.store()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const id = "watcher"
+	c, err := sskv.Dial(ctx, sskv.Config{Addr: srv.Addr(), ClientID: id,
+		ReconnectMin: 10 * time.Millisecond, ReconnectMax: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	other, err := sskv.Dial(ctx, sskv.Config{Addr: srv.Addr(), ClientID: "writer"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	w, err := c.Watch(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	<-w.Events() // Initial
+	srv.SetResponseFault(id, localstore.ResponseFault{Drop: true})
+	if err := srv.Kick(id); err != nil {
+		t.Fatal(err)
+	}
+	// Back, with its registration sent and its answer dropped.
+	tick := time.NewTicker(5 * time.Millisecond)
+	for !srv.Connected(id) {
+		<-tick.C
+	}
+	tick.Stop()
+	srv.SetResponseFault(id, localstore.ResponseFault{})
+	start := time.Now()
+	if _, err := other.Set(ctx, "k", []byte("v"), sskv.SetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	limit := 2 * time.Second
+	select {
+	case ev := <-w.Events():
+		t.Logf("event %+v after %v", ev, time.Since(start).Round(time.Millisecond))
+	case <-time.After(limit):
+		t.Errorf("no event within %v of the change: the watch waits out its lost registration", limit)
+		select {
+		case ev := <-w.Events():
+			t.Logf("event %+v after %v", ev, time.Since(start).Round(time.Millisecond))
+		case <-time.After(15 * time.Second):
+			t.Logf("no event within %v", 15*time.Second+limit)
+		}
+	}
+}
