@@ -26,6 +26,7 @@ func TestTryLockAfterReconnectDoesNotWaitOutALostAnswer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a store")
 	}
+	t.Parallel()
 	s := &schedule{t: t, h: newHistory(), logger: slog.New(slog.DiscardHandler)}
 	if err := s.startStore(); err != nil {
 		t.Fatal(err)
@@ -85,6 +86,7 @@ func TestTryAcquireDoesNotWaitOutALostAnswer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a store")
 	}
+	t.Parallel()
 	s := &schedule{t: t, h: newHistory(), logger: slog.New(slog.DiscardHandler)}
 	if err := s.startStore(); err != nil {
 		t.Fatal(err)
@@ -140,6 +142,7 @@ func TestWatchAfterReconnectDoesNotWaitOutALostAnswer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a store")
 	}
+	t.Parallel()
 	s := &schedule{t: t, h: newHistory(), logger: slog.New(slog.DiscardHandler)}
 	if err := s.startStore(); err != nil {
 		t.Fatal(err)
