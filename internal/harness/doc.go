@@ -73,6 +73,47 @@
 //     seconds) is added to the 5 s, up to 10 s, and the violation says how
 //     much there was.
 //
+// Half the seeds run elections as above; a quarter (seed mod 4 = 2) run a
+// lock.Semaphore, and a quarter (seed mod 4 = 3) a leader.Group, under the
+// same faults (the "delete key" fault deletes a slot's key, or one of the
+// group's elections'), so that a seed replays the same kind:
+//
+//   - a semaphore schedule: 4 participants acquire a semaphore of limit 2,
+//     and each holding's work read-modify-writes its slot's register a few
+//     times, fenced with the holding's token, before its Release
+//     (semaphore_test.go);
+//   - a group schedule: 3 members split 6 elections, and each term's work
+//     read-modify-writes its election's register, fenced, until the term
+//     ends or is handed over (group_test.go).
+//
+// Their histories are checked with porcupine, partitioned by register, and
+// by the token order of each register's accepted writes, as above; a
+// holding (or term) held when the store was closed must end within the
+// renew deadline, as a term must; and by the windows of the holdings: each
+// from the start of its work to the last time the library said it still
+// held, for a write the store then accepted. At most Limit windows may
+// overlap at any moment, and no two of one slot (or election); a write
+// within the renew deadline of a deletion of the holding's key by hand does
+// not extend its window (the holder cannot know of it sooner; fencing is
+// what keeps the register safe meanwhile). After the faults are healed,
+// every member of a group must see every other within 5 s (joining takes
+// a free slot, and waits in no queue); every participant must write again,
+// and every election's work, and the members' shares (the election keys
+// each holds, read from the store) must be within one of each other, within
+// 8.6 s: a waiter in a lock's queue may lose a message, and then waits for
+// its recheck, about 11 TTLs (docs/design/queue.md, L7), and a few
+// handovers. Taking more than 5 s is reported, not a violation, and keeps
+// the schedule's log, with the goroutines' stacks at 5 s. The shares must
+// still be even a moment later (or, if the test process stood still
+// meanwhile, even again within 8.6 s after that). How often an Acquire
+// was overtaken is reported too.
+//
+// Three tests (lostanswer_test.go) force, in 10 s each, the lost answers
+// that the semaphore and group schedules found waited out for the client's
+// RequestTimeout: a Group member's TryLock after a reconnect, a
+// Semaphore's read of its record, and a watch's registration after a
+// reconnect. They fail until those waits are bounded.
+//
 // A failing schedule prints its seed and the command that replays it, and
 // writes porcupine's HTML visualization of its history (with faults, terms
 // and observed step backs annotated) and a debug log (the stores', the

@@ -104,10 +104,12 @@ var faultKinds = []struct {
 			if err := s.startStore(); err != nil {
 				s.failures = append(s.failures, err.Error())
 			}
-			s.h.restarted(restartLane, start, s.h.now())
+			s.h.restarted(s.restartLane, start, s.h.now())
 		}}
 	}},
-	// The election's key is deleted by hand while its holder is away: an
+	// The election's key (in a semaphore schedule a slot's, in a group
+	// schedule one of its elections') is deleted by hand while its holder
+	// is away: an
 	// administrator reads the key's record, the holder's connection is
 	// blackholed (or held both ways), and the administrator deletes the key,
 	// fenced with the token it records. Another candidate may take over. Then the path heals,
@@ -117,7 +119,8 @@ var faultKinds = []struct {
 	{"delete key", 3, onStore(func(s *schedule, srv *localstore.Server, cd *candidate, d time.Duration) fault {
 		ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 		defer cancel()
-		g, err := s.admin.Get(ctx, election)
+		key := s.faultKey(d)
+		g, err := s.admin.Get(ctx, key)
 		if err != nil {
 			return fault{what: fmt.Sprintf("delete key: GET: %v", err)}
 		}
@@ -134,7 +137,7 @@ var faultKinds = []struct {
 		if how&2 == 2 {
 			then, heal, delays = "cut", cut, nil
 		}
-		return fault{what: fmt.Sprintf("%s %s, then %s: %s", away, cd.id, then, s.deleteKey(ctx, holder)), dur: d / 2, heal: heal, delays: delays}
+		return fault{what: fmt.Sprintf("%s %s, then %s: %s", away, cd.id, then, s.deleteKey(ctx, key, holder)), dur: d / 2, heal: heal, delays: delays}
 	})},
 	// Requests the store executed are sent again: the traffic from the
 	// store to the leader is held (its PUBACKs and responses wait) for
@@ -183,7 +186,7 @@ func onStore(inject func(s *schedule, srv *localstore.Server, cd *candidate, d t
 // none does.
 func (s *schedule) leaderOr(cd *candidate) *candidate {
 	for _, c := range s.cand {
-		if c.term.Load() != nil {
+		if c.leading() {
 			return c
 		}
 	}
@@ -200,16 +203,22 @@ func (s *schedule) candidate(id string, cd *candidate) *candidate {
 	return cd
 }
 
-// deleteKey deletes the election's key, read as h, from the administrator's
-// client, fenced with the token its record holds, and says what it did. If
-// a newer holder has taken the key since it was read, the fence refuses it.
-func (s *schedule) deleteKey(ctx context.Context, h lock.Holder) string {
+// deleteKey deletes key, read as h, from the administrator's client, fenced
+// with the token its record holds, and says what it did. If a newer holder
+// has taken the key since it was read, the fence refuses it.
+func (s *schedule) deleteKey(ctx context.Context, key string, h lock.Holder) string {
 	if !h.Held() {
 		return "delete key: nobody holds it"
 	}
-	r, err := s.admin.Del(ctx, election, sskv.DelOptions{FencingToken: h.Token})
+	call := s.h.now()
+	r, err := s.admin.Del(ctx, key, sskv.DelOptions{FencingToken: h.Token})
 	if err != nil {
+		// It may have been deleted.
+		s.h.keyDeleted(h.Token, call, s.h.now())
 		return fmt.Sprintf("delete key of %s (token %v): DEL: %v", h.ID, h.Token, err)
+	}
+	if r.Deleted {
+		s.h.keyDeleted(h.Token, call, s.h.now())
 	}
 	return fmt.Sprintf("delete key of %s (token %v): deleted %v", h.ID, h.Token, r.Deleted)
 }
@@ -231,7 +240,7 @@ func (s *schedule) draw() (kind int, cd *candidate, d time.Duration) {
 	d = ttl/2 + time.Duration(s.rng.Int64N(int64(3*ttl/2)))
 	if leaderFirst {
 		for _, c := range s.cand {
-			if c.term.Load() != nil {
+			if c.leading() {
 				cd = c
 				break
 			}

@@ -69,7 +69,6 @@ const (
 	election      = "harness/leader"       // the election key
 	register      = "harness/register"     // the shared register
 	maxSkew       = 20 * time.Second       // client clock skew and store clock offsets, each way
-	restartLane   = candidates + 1         // the lane of store restarts in the history (the observer's is candidates)
 	restartLimit  = 5 * time.Second        // how long a restarted store may wait for its address to be free
 	opTimeout     = 2 * time.Second        // every read and write of the register
 	settle        = 300 * time.Millisecond // after the liveness write, before stopping
@@ -77,10 +76,13 @@ const (
 
 // result is what one schedule did.
 type result struct {
+	kind                          scheduleKind
 	ops, faults, takeovers, stale int
 	kinds                         map[string]int // faults injected, by kind
 	violations                    []string
 	slowStops, overlaps, lateKeys int // reported, not violations
+	slowQueue                     int // 1: a semaphore or group schedule took over livenessLimit to recover, within queuedLimit (reported)
+	overtaken                     int // the most times an Acquire was overtaken (reported)
 }
 
 func envInt(t *testing.T, name string, def int64) int64 {
@@ -135,6 +137,7 @@ func TestHarness(t *testing.T) {
 	var mu sync.Mutex
 	var total result
 	total.kinds = map[string]int{} // schedules with a fault of the kind
+	var byKind [kinds]struct{ runs, failing, violations int }
 	stalls := startStallMonitor()
 	defer stalls.Stop()
 	var failing []string // runName of each run that found violations
@@ -155,7 +158,7 @@ func TestHarness(t *testing.T) {
 					t.Skip("an earlier run of this seed failed")
 				}
 				seed := rn.seed
-				r := runSchedule(t, seed, rn.n, variant{}, stalls)
+				r := runSchedule(t, seed, rn.n, variant{kind: kindOf(seed)}, stalls)
 				if len(r.violations) > 0 {
 					failed.Store(true)
 				}
@@ -163,7 +166,10 @@ func TestHarness(t *testing.T) {
 				ran++
 				if len(r.violations) > 0 {
 					failing = append(failing, runName(seed, rn.n))
+					byKind[r.kind].failing++
 				}
+				byKind[r.kind].runs++
+				byKind[r.kind].violations += len(r.violations)
 				total.ops += r.ops
 				total.faults += r.faults
 				for k := range r.kinds {
@@ -175,6 +181,8 @@ func TestHarness(t *testing.T) {
 				total.slowStops += r.slowStops
 				total.overlaps += r.overlaps
 				total.lateKeys += r.lateKeys
+				total.slowQueue += r.slowQueue
+				total.overtaken = max(total.overtaken, r.overtaken)
 				mu.Unlock()
 				for _, v := range r.violations {
 					t.Errorf("%s: %s", runName(seed, rn.n), v)
@@ -186,8 +194,15 @@ func TestHarness(t *testing.T) {
 		}
 	})
 	t.Logf("schedules with each kind of fault (of %d): %s", ran, kindCounts(total.kinds))
+	for k, n := range byKind {
+		t.Logf("%s schedules: %d, %d failing, %d violations", scheduleKind(k), n.runs, n.failing, n.violations)
+	}
 	t.Logf("not violations, but worth a look: %d schedules slow to stop (over %v), %d terms that began before the previous one saw its end, %d keys re-created by held-back requests of their own terms (ended, or going on with no other term between)",
 		total.slowStops, slowStop, total.overlaps, total.lateKeys)
+	if byKind[kindSemaphore].runs+byKind[kindGroup].runs > 0 {
+		t.Logf("not violations, but worth a look: %d semaphore or group schedules recovered in over %v after the faults were healed (within the %v a lost queue message may cost); an Acquire was overtaken at most %d times",
+			total.slowQueue, livenessLimit, queuedLimit, total.overtaken)
+	}
 	line := fmt.Sprintf("harness: %d schedules, %d ops, %d faults, %d takeovers, %d stale rejected, %d violations",
 		ran, total.ops, total.faults, total.takeovers, total.stale, len(total.violations))
 	if d := stalls.within(time.Time{}, time.Now()); d > 0 {
@@ -219,7 +234,8 @@ func replayCommand(seed int64) string {
 // a run whose output was lost still says what failed.
 func failuresFile() string { return filepath.Join(os.TempDir(), "dsslock-harness-failures.log") }
 
-// candidate is one contender: its own client, behind its own proxy.
+// candidate is one contender: its own client, behind its own proxy. In a
+// semaphore schedule it is a participant, in a group schedule a member.
 type candidate struct {
 	id    string
 	lane  int
@@ -228,14 +244,50 @@ type candidate struct {
 	skew  atomic.Int64 // its clock's offset, ns
 	pause atomic.Int64 // a pause to take before its next write, ns (0: none)
 	term  atomic.Pointer[leader.Term]
+	works atomic.Int32 // the semaphore's holdings or group's terms whose work runs now
 	runs  sync.WaitGroup
 }
 
-// variant changes how a schedule's leaders behave, to show that the checks
-// catch what a naive implementation does.
+// leading reports whether the candidate's work runs now: a term, a
+// semaphore's holding or one of a group's terms. Faults aim at it first.
+func (cd *candidate) leading() bool { return cd.term.Load() != nil || cd.works.Load() > 0 }
+
+// variant changes what a schedule runs: its kind, and how its leaders
+// behave, to show that the checks catch what a naive implementation does.
 type variant struct {
+	kind scheduleKind
 	// unfenced leaders write the register without their token.
 	unfenced bool
+}
+
+// scheduleKind is what a schedule's candidates run.
+type scheduleKind int
+
+const (
+	// kindElection: candidates campaign with a leader.Elector.
+	kindElection scheduleKind = iota
+	// kindSemaphore: participants acquire a lock.Semaphore (semaphore_test.go).
+	kindSemaphore
+	// kindGroup: members split elections with a leader.Group (group_test.go).
+	kindGroup
+	kinds = iota
+)
+
+func (k scheduleKind) String() string {
+	return [...]string{"election", "semaphore", "group"}[k]
+}
+
+// kindOf is the kind of seed's schedule in TestHarness, so that a seed
+// replays the same kind: half the seeds are elections (the regression seeds
+// among them), a quarter semaphores, a quarter groups.
+func kindOf(seed int64) scheduleKind {
+	switch (seed%4 + 4) % 4 {
+	case 2:
+		return kindSemaphore
+	case 3:
+		return kindGroup
+	}
+	return kindElection
 }
 
 // schedule is one run: a store, candidates, an observer and a fault loop.
@@ -259,6 +311,12 @@ type schedule struct {
 
 	failures []string      // of the harness itself (a store that could not restart); the fault loop's only
 	stalls   *stallMonitor // when the process stood still; nil: not watched
+
+	observerLane, restartLane int // the history's lanes of the observer and of store restarts, after the candidates'
+	// faultKey picks the key the "delete key" fault deletes, from its
+	// duration's draw: the election's, a slot's or one of the group's
+	// elections.
+	faultKey func(d time.Duration) string
 }
 
 // store returns the store running now, or nil while it restarts. Faults
@@ -330,8 +388,19 @@ func runSchedule(t *testing.T, seed, run int64, v variant, stalls *stallMonitor)
 	s := &schedule{t: t, seed: seed, run: run, v: v, stalls: stalls, rng: rand.New(rand.NewPCG(uint64(seed), 0x64_73_73_6c_6f_63_6b)), h: newHistory()}
 	s.logger = slog.New(slog.NewTextHandler(&s.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	s.h.log = s.logger.With("harness", seed)
-	s.logger.Info("schedule starts; at= in harness lines is the time since", "seed", seed)
-	var res result
+	s.logger.Info("schedule starts; at= in harness lines is the time since", "seed", seed, "kind", v.kind)
+	n := candidates
+	s.faultKey = func(time.Duration) string { return election }
+	switch v.kind {
+	case kindSemaphore:
+		n = participants
+		s.faultKey = func(d time.Duration) string { return lock.SemaphoreSlot(semaphoreName, int(d/4)%semLimit) }
+	case kindGroup:
+		n = members
+		s.faultKey = func(d time.Duration) string { return groupElections()[int(d/4)%groupSize] }
+	}
+	s.observerLane, s.restartLane = n, n+1
+	res := result{kind: v.kind}
 	violate := func(format string, args ...any) {
 		res.violations = append(res.violations, fmt.Sprintf(format, args...))
 	}
@@ -344,7 +413,7 @@ func runSchedule(t *testing.T, seed, run int64, v variant, stalls *stallMonitor)
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	for i := range candidates {
+	for i := range n {
 		cd := &candidate{id: fmt.Sprintf("s%d-c%d", seed, i), lane: i}
 		var err error
 		if cd.proxy, err = faultproxy.Start(addr, faultproxy.Options{}); err != nil {
@@ -374,6 +443,12 @@ func runSchedule(t *testing.T, seed, run int64, v variant, stalls *stallMonitor)
 	}
 	defer observer.Close()
 	s.admin = observer
+	switch v.kind {
+	case kindSemaphore:
+		return s.finish(s.runSemaphore(ctx, observer, res))
+	case kindGroup:
+		return s.finish(s.runGroup(ctx, observer, res))
+	}
 	s.h.readKey = s.keyReader(ctx)
 
 	// Candidates campaign until runCtx ends; the observer reads and follows
@@ -451,7 +526,7 @@ func runSchedule(t *testing.T, seed, run int64, v variant, stalls *stallMonitor)
 	// The final state, read by a client that saw no fault.
 	call := s.h.now()
 	g, err := observer.Get(ctx, register)
-	s.h.read(candidates, call, g, err)
+	s.h.read(s.observerLane, call, g, err)
 	if err != nil {
 		violate("final read: %v", err)
 	}
@@ -485,13 +560,18 @@ func runSchedule(t *testing.T, seed, run int64, v variant, stalls *stallMonitor)
 	summary := fmt.Sprintf("%d ops (%d in history: %d of unknown outcome), %d faults, %d terms, %d stale rejected, %d not sent after a term ended, %d other refusals; %d believed terms overlapped (longest %v); a leader wrote %v after healing; stopped in %v; linearizable: %s; %d states observed; %d violations",
 		res.ops, len(ops), unknown, res.faults, len(s.h.terms), res.stale, notSent, refused, overlaps, longest,
 		recovered.Round(time.Millisecond), stopped.Round(time.Millisecond), check, s.h.observedStates(), len(res.violations))
-	t.Log(summary)
+	return s.finish(res, info, summary, slow)
+}
 
-	if len(res.violations) > 0 || slow || os.Getenv("DSSLOCK_VISUALIZE") != "" {
+// finish logs the schedule's summary and, if it found violations or was
+// slow to stop, writes its evidence: the log and the visualization.
+func (s *schedule) finish(res result, info porcupine.LinearizationInfo, summary string, slow bool) result {
+	s.t.Log(summary)
+	if len(res.violations) > 0 || slow || res.slowQueue > 0 || os.Getenv("DSSLOCK_VISUALIZE") != "" {
 		s.evidence(res.violations, summary)
 		html := s.visualize(info, res.violations, summary)
 		logPath := s.writeLog()
-		if len(res.violations) > 0 && v == (variant{}) { // a variant's are wanted (see TestHarnessCatchesUnfencedWrites)
+		if len(res.violations) > 0 && !s.v.unfenced { // a variant's are wanted (see TestHarnessCatchesUnfencedWrites)
 			s.recordFailure(res.violations, html, logPath)
 		}
 	}
@@ -663,7 +743,7 @@ func (s *schedule) observe(ctx context.Context, c *sskv.Client) {
 		call := s.h.now()
 		g, err := c.Get(rctx, register)
 		cancel()
-		s.h.read(candidates, call, g, err)
+		s.h.read(s.observerLane, call, g, err)
 		s.sleep(ctx, readPace)
 	}
 }

@@ -20,8 +20,11 @@ import (
 // The register: one key, read and written with unconditional SETs. Its model
 // state is the key's value; "" is a missing key (nobody writes ""). A store
 // restart loses every key: it is a write of "" at some time between the
-// old store's Close and the new store's start.
+// old store's Close and the new store's start. A schedule of semaphore or
+// group holdings has a register for each slot or election: the model is
+// partitioned by key, and a restart is in every partition.
 type regOp struct {
+	key     string // the register; "" for a restart, which loses them all
 	write   bool
 	value   string // the value written
 	restart bool   // a store restart: a write of "", by nobody
@@ -32,7 +35,8 @@ type regOut struct {
 }
 
 var registerModel = porcupine.Model{
-	Init: func() any { return "" },
+	Partition: partitionByKey,
+	Init:      func() any { return "" },
 	Step: func(state, input, output any) (bool, any) {
 		in := input.(regOp)
 		if in.write {
@@ -45,15 +49,47 @@ var registerModel = porcupine.Model{
 		if in.restart {
 			return "store restart: every key lost"
 		}
+		key := ""
+		if in.key != register {
+			key = in.key + ": "
+		}
 		if in.write {
 			if output == nil {
-				return fmt.Sprintf("set(%q) -> ?", in.value)
+				return fmt.Sprintf("%sset(%q) -> ?", key, in.value)
 			}
-			return fmt.Sprintf("set(%q)", in.value)
+			return fmt.Sprintf("%sset(%q)", key, in.value)
 		}
-		return fmt.Sprintf("get() -> %q", output.(regOut).value)
+		return fmt.Sprintf("%sget() -> %q", key, output.(regOut).value)
 	},
 	DescribeState: func(state any) string { return fmt.Sprintf("%q", state) },
+}
+
+// partitionByKey splits a history by register; each store restart, which
+// loses every register, is in every part.
+func partitionByKey(ops []porcupine.Operation) [][]porcupine.Operation {
+	var restarts []porcupine.Operation
+	byKey := map[string][]porcupine.Operation{}
+	var keys []string
+	for _, op := range ops {
+		k := op.Input.(regOp).key
+		if op.Input.(regOp).restart {
+			restarts = append(restarts, op)
+			continue
+		}
+		if _, ok := byKey[k]; !ok {
+			keys = append(keys, k)
+		}
+		byKey[k] = append(byKey[k], op)
+	}
+	if len(keys) == 0 {
+		return [][]porcupine.Operation{ops}
+	}
+	slices.Sort(keys)
+	parts := make([][]porcupine.Operation, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, append(byKey[k], restarts...))
+	}
+	return parts
 }
 
 // unknownReturn is the return time of an operation whose outcome is
@@ -62,6 +98,7 @@ const unknownReturn = math.MaxInt64
 
 // ackedWrite is a write of the register the store accepted.
 type ackedWrite struct {
+	key     string        // the register written
 	version hlc.Timestamp // the key's version it made; its node names the store
 	token   hlc.Timestamp // the fencing token it carried
 	who     string        // candidate
@@ -104,12 +141,20 @@ type history struct {
 	// readKey reads the election's key: the token its record holds (zero
 	// if none), and what it holds, said for a report. nil: not read.
 	readKey func() (hlc.Timestamp, string, error)
+
+	// Of semaphore and group schedules (see holding):
+	holdings          []*holding
+	deleted           map[hlc.Timestamp][][2]int64 // by token: when a key held with it was deleted by hand
+	lastConfirmed     map[string]int64             // by candidate: the last time a holding of its was confirmed
+	lastConfirmedSlot map[string]int64             // the same by slot or election
+	acquisitions      []acquisition                // a semaphore's Acquire calls that returned nil
 }
 
 func newHistory() *history {
 	return &history{start: time.Now(), wrote: make(chan struct{}), lossGrace: lossGrace, log: slog.New(slog.DiscardHandler),
-		delays: map[string][][2]int64{},
-		obs:    observations{seen: map[hlc.Timestamp]int64{}, gone: map[hlc.Timestamp]int64{}, back: map[hlc.Timestamp]bool{}}}
+		delays: map[string][][2]int64{}, deleted: map[hlc.Timestamp][][2]int64{},
+		lastConfirmed: map[string]int64{}, lastConfirmedSlot: map[string]int64{},
+		obs: observations{seen: map[hlc.Timestamp]int64{}, gone: map[hlc.Timestamp]int64{}, back: map[hlc.Timestamp]bool{}}}
 }
 
 // now is the time since the schedule began, on the monotonic clock.
@@ -118,32 +163,44 @@ func (h *history) now() int64 { return int64(time.Since(h.start)) }
 // read records a read of the register; failed reads had no effect and are
 // not part of the history.
 func (h *history) read(lane int, call int64, res sskv.GetResult, err error) {
+	h.readOf(register, lane, call, res, err)
+}
+
+// readOf is read, of the register key.
+func (h *history) readOf(key string, lane int, call int64, res sskv.GetResult, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.invoked++
 	if err != nil {
 		return
 	}
-	h.ops = append(h.ops, porcupine.Operation{ClientId: lane, Input: regOp{}, Call: call,
+	h.ops = append(h.ops, porcupine.Operation{ClientId: lane, Input: regOp{key: key}, Call: call,
 		Output: regOut{value: string(res.Value)}, Return: h.now()})
 }
 
 // write records a write of value with token, and classifies its outcome.
 func (h *history) write(lane int, who string, value string, token hlc.Timestamp, paused bool, call int64, res sskv.SetResult, err error) {
+	h.writeOf(register, lane, who, value, token, paused, call, res, err)
+}
+
+// writeOf is write, of the register key; it reports whether the store
+// accepted the write.
+func (h *history) writeOf(key string, lane int, who string, value string, token hlc.Timestamp, paused bool, call int64, res sskv.SetResult, err error) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.invoked++
-	op := porcupine.Operation{ClientId: lane, Input: regOp{write: true, value: value}, Call: call, Metadata: who}
+	op := porcupine.Operation{ClientId: lane, Input: regOp{key: key, write: true, value: value}, Call: call, Metadata: who}
 	var se *sskv.ServiceError
 	switch {
 	case err == nil:
 		op.Return = h.now()
 		op.Output = regOut{}
 		h.ops = append(h.ops, op)
-		h.acked = append(h.acked, ackedWrite{version: res.Version, token: token, who: who, paused: paused})
+		h.acked = append(h.acked, ackedWrite{key: key, version: res.Version, token: token, who: who, paused: paused})
 		h.lastAcked = op.Return
 		close(h.wrote)
 		h.wrote = make(chan struct{})
+		return true
 	case errors.As(err, &se):
 		// The store answered -ERR: the write did not take effect.
 		if errors.Is(err, sskv.ErrFencingTokenLower) {
@@ -162,6 +219,7 @@ func (h *history) write(lane int, who string, value string, token hlc.Timestamp,
 		op.Return = unknownReturn
 		h.ops = append(h.ops, op)
 	}
+	return false
 }
 
 // storeStarted records a store that starts with node id node: the versions
@@ -285,6 +343,9 @@ func (h *history) storeOrder() func(a, b hlc.Timestamp) int {
 // of a later one has. A write sent after a pause, with a token from an
 // earlier store than the one that accepted it, is left out: the register's
 // fence, lost with that store, was all that stood in its way.
+// Each register is checked on its own (a semaphore or group schedule has
+// one for each slot or election, written with that slot's or election's
+// tokens).
 func (h *history) checkTokens() []string {
 	h.mu.Lock()
 	acked := slices.Clone(h.acked)
@@ -292,24 +353,45 @@ func (h *history) checkTokens() []string {
 	order := h.storeOrder()
 	slices.SortFunc(acked, func(a, b ackedWrite) int { return order(a.version, b.version) })
 	var v []string
+	for i := 1; i < len(acked); i++ {
+		if acked[i].version.Compare(acked[i-1].version) == 0 {
+			v = append(v, fmt.Sprintf("two accepted writes have version %v", acked[i].version))
+		}
+	}
+	// Each register is fenced on its own: the writes of one key are
+	// ordered by tokens (a schedule with more than one register writes
+	// each with the tokens of one slot or election).
+	byKey := map[string][]ackedWrite{}
+	var keys []string
+	for _, w := range acked {
+		if _, ok := byKey[w.key]; !ok {
+			keys = append(keys, w.key)
+		}
+		byKey[w.key] = append(byKey[w.key], w)
+	}
+	slices.Sort(keys)
 	owner := map[hlc.Timestamp]string{}
-	var prev *ackedWrite // the last write compared
-	for i, w := range acked {
-		if o, ok := owner[w.token]; ok && o != w.who {
-			v = append(v, fmt.Sprintf("token %v used by %s and %s", w.token, o, w.who))
+	for _, k := range keys {
+		on := ""
+		if k != register {
+			on = fmt.Sprintf(" (register %q)", k)
 		}
-		owner[w.token] = w.who
-		if i > 0 && w.version.Compare(acked[i-1].version) == 0 {
-			v = append(v, fmt.Sprintf("two accepted writes have version %v", w.version))
+		ws := byKey[k]
+		var prev *ackedWrite // the last write compared
+		for i, w := range ws {
+			if o, ok := owner[w.token]; ok && o != w.who {
+				v = append(v, fmt.Sprintf("token %v used by %s and %s", w.token, o, w.who))
+			}
+			owner[w.token] = w.who
+			if w.paused && w.token.Node != w.version.Node && order(w.token, w.version) < 0 {
+				continue // fenced by a lost store only
+			}
+			if prev != nil && order(w.token, prev.token) < 0 {
+				v = append(v, fmt.Sprintf("terms interleave%s: write at %v by %s with token %v (paused %v) accepted after write at %v by %s with token %v",
+					on, w.version, w.who, w.token, w.paused, prev.version, prev.who, prev.token))
+			}
+			prev = &ws[i]
 		}
-		if w.paused && w.token.Node != w.version.Node && order(w.token, w.version) < 0 {
-			continue // fenced by a lost store only
-		}
-		if prev != nil && order(w.token, prev.token) < 0 {
-			v = append(v, fmt.Sprintf("terms interleave: write at %v by %s with token %v (paused %v) accepted after write at %v by %s with token %v",
-				w.version, w.who, w.token, w.paused, prev.version, prev.who, prev.token))
-		}
-		prev = &acked[i]
 	}
 	return v
 }

@@ -183,7 +183,7 @@ func heldRenewalRecreates(t *testing.T) bool {
 	if holder.Token != term.Token() {
 		t.Fatalf("the key holds %+v, want the term's token %v", holder, term.Token())
 	}
-	s.h.fault(s.h.now(), 0, s.deleteKey(ctx, holder))
+	s.h.fault(s.h.now(), 0, s.deleteKey(ctx, election, holder))
 	proxy.Heal()
 	// The leader's next renewal re-creates the key: seen by the
 	// administrator's watch as the deletion, then the leader's record.
