@@ -123,8 +123,11 @@ func (l *Lock) TryLock(ctx context.Context) (bool, error) {
 		return ok, err
 	}
 	// Held (or held off): by a holder that releases it, or by something
-	// that never will?
-	if err := checkKey(ctx, l.c, &l.cfg); errors.Is(err, ErrNotALock) {
+	// that never will? The read is advice: a lost answer must not hold
+	// TryLock up longer than an acquisition's (RenewDeadline).
+	rctx, cancel := context.WithTimeout(ctx, l.cfg.RenewDeadline)
+	defer cancel()
+	if err := checkKey(rctx, l.c, &l.cfg); errors.Is(err, ErrNotALock) {
 		return false, l.wrap("", err)
 	} else if err != nil {
 		l.log.Debug("could not read the key held", "error", err)

@@ -726,8 +726,11 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 				}
 				continue
 			case st.join:
-				// Find the holder, and join it.
-				res, err := l.c.Get(ctx, l.cfg.Name)
+				// Find the holder, and join it. A lost answer costs at
+				// most a TTL, as a racing waiter's read does.
+				rctx, cancel := l.until(ctx, time.Now().Add(l.cfg.TTL))
+				res, err := l.c.Get(rctx, l.cfg.Name)
+				cancel()
 				if err != nil {
 					if stop, err := fail(err); stop {
 						return unknown, err

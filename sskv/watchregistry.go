@@ -325,6 +325,12 @@ func (c *Client) resyncWatches(cn *Conn) {
 
 func (c *Client) resyncOne(reg *registration, cn *Conn) {
 	b := retryBackoff(c.cfg.ReconnectMin, c.cfg.ReconnectMax)
+	// A registration's answers come within a round trip on a live
+	// connection: one lost (dropped by the broker) must not leave the
+	// watch deaf for the whole RequestTimeout. Each attempt waits twice
+	// PingTimeout at first, twice as long as the last after that, up to
+	// RequestTimeout, so that a merely slow store is not flooded.
+	wait := min(c.cfg.RequestTimeout, 2*c.cfg.PingTimeout)
 	for {
 		c.wmu.Lock()
 		live := c.regs[reg.key] == reg
@@ -332,9 +338,10 @@ func (c *Client) resyncOne(reg *registration, cn *Conn) {
 		if !live {
 			return // its last watcher stopped meanwhile
 		}
-		ctx, cancel := context.WithTimeout(c.ctx, c.cfg.RequestTimeout)
+		ctx, cancel := context.WithTimeout(c.ctx, wait)
 		err := c.syncReg(ctx, reg, cn)
 		cancel()
+		wait = min(2*wait, c.cfg.RequestTimeout)
 		if err == nil || c.ctx.Err() != nil || c.state.Load().gen != cn.gen || errors.Is(err, ErrNotSent) {
 			return // done, closing, or the next connection's setup takes over
 		}

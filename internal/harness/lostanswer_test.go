@@ -184,7 +184,9 @@ func TestWatchAfterReconnectDoesNotWaitOutALostAnswer(t *testing.T) {
 	if _, err := other.Set(ctx, "k", []byte("v"), sskv.SetOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	limit := 2 * time.Second
+	// Twice PingTimeout (1 s) for the lost attempt, then one that
+	// succeeds: well short of RequestTimeout (10 s).
+	limit := 4 * time.Second
 	select {
 	case ev := <-w.Events():
 		t.Logf("event %+v after %v", ev, time.Since(start).Round(time.Millisecond))
