@@ -479,18 +479,20 @@ func (h *holding) guard(ww waitWatch) {
 }
 
 // watched is the callback of the guard's own watch. Its first event is the
-// key's state once the watch was registered, after this holding took the
-// key: a change made while the watch was set up shows there.
+// key's state as the watch started: a change made while the watch was set
+// up shows there. That state may also predate this holding's own writes:
+// a watch that joins the client's existing watch of the key starts from
+// the last state notified, which the notification of the acquisition may
+// not have reached yet. So a first event showing the key missing or
+// another's is not taken as a loss: it has the key confirmed (a read)
+// before the next write, which loses the holding if it is.
 func (h *holding) watched(ev sskv.Event) {
 	if !ev.Initial {
 		h.judge(ev)
 		return
 	}
-	switch {
-	case ev.Op == sskv.OpDelete:
-		h.lose(fmt.Errorf("%w: it was deleted", ErrKeyLost))
-	case ParseHolder(ev.Value, ev.Version).ID != h.l.cfg.HolderID:
-		h.lose(fmt.Errorf("%w (key version %v)", ErrHeldByOther, ev.Version))
+	if ev.Op == sskv.OpDelete || ParseHolder(ev.Value, ev.Version).ID != h.l.cfg.HolderID {
+		h.askConfirm()
 	}
 }
 
