@@ -57,7 +57,7 @@
 //     *sskv.ServiceError). A Lock without FenceKey shares a key with the
 //     Azure IoT Operations SDK's leased lock.
 //   - A Semaphore never has more than N holders, one per slot, each slot a
-//     FenceKey Lock. Tokens of different slots are not ordered: fence per
+//     FenceKey Lock, whatever befalls the gate its waiters queue on. Tokens of different slots are not ordered: fence per
 //     slot. N is the record's; a different Limit fails ([ErrLimitMismatch]).
 //
 // # What it assumes, and does not guarantee
@@ -91,10 +91,12 @@
 //	waiting while the holder renews   no requests; about 1.25 KB (1.0 KB for Acquire with Race)
 //	handover to the next waiter       about 4 requests, a few ms
 //	takeover after a holder crashed   about TTL after its last renewal (Config)
-//	Semaphore Acquire and Release     4 requests when a slot is free
+//	Semaphore Acquire and Release     4 requests when a slot is free (5 after a holding)
 //
-// A Semaphore participant that held or waited within a TTL queues even when
-// a slot is free, and beside a holder of slot 0 that keeps no queue waits
-// about TTL/10 (at most 1 s) for it. docs/design/lock.md describes the queue,
-// the racing waiter and the semaphore, and the designs they replaced.
+// A Semaphore participant that held or waited within a TTL first reads the
+// semaphore's gate (one GET), and queues on it if anyone waits there, even
+// when a slot is free. The participant holding the gate renews it while it
+// waits for a slot; if it is paused, the waiters behind it wait until its
+// lease of the gate ends. docs/design/lock.md describes the queue, the
+// racing waiter and the semaphore, and the designs they replaced.
 package lock
