@@ -46,7 +46,8 @@ const gateSuffix = "\x00gate"
 const semaphoreRecordPrefix = "dsslock-semaphore limit="
 
 // maxSemaphoreLimit bounds Limit: an acquisition that finds the slots held
-// has tried each of them (see Semaphore.Acquire).
+// has tried each of them, and the gate's holder watches each (see
+// semwait.go).
 const maxSemaphoreLimit = 1000
 
 // SemaphoreSlot returns the key of slot i of the semaphore name.
@@ -222,12 +223,19 @@ func (s *Semaphore) Acquire(ctx context.Context) error {
 		return err
 	}
 	defer s.end()
+	fresh := s.lastActive.IsZero() || time.Since(s.lastActive) > s.cfg.TTL
+	var gateFree chan bool
+	if !fresh {
+		// Read the gate while prepare reads the record.
+		gateFree = make(chan bool, 1)
+		go func() { gateFree <- s.gateFree(ctx) }()
+	}
 	n, err := s.prepare(ctx)
 	if err != nil {
 		return err
 	}
 	tried := false
-	if s.lastActive.IsZero() || time.Since(s.lastActive) > s.cfg.TTL || s.gateFree(ctx) {
+	if fresh || <-gateFree {
 		// Not at the gate lately, or nobody waits there: try each slot
 		// once, from a random one. A participant that held or waited
 		// within a TTL queues behind those at the gate instead, rather
@@ -236,7 +244,7 @@ func (s *Semaphore) Acquire(ctx context.Context) error {
 		switch {
 		case ok:
 			return nil
-		case err != nil && (ctx.Err() != nil || refused(err) || errors.Is(err, ErrClosed) || errors.Is(err, sskv.ErrClosed)):
+		case err != nil && stops(ctx, err):
 			return s.fail(ctx, "acquire", err)
 		}
 		tried = err == nil
