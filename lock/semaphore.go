@@ -234,7 +234,6 @@ func (s *Semaphore) Acquire(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	tried := false
 	if fresh || <-gateFree {
 		// Not at the gate lately, or nobody waits there: try each slot
 		// once, from a random one. A participant that held or waited
@@ -247,9 +246,8 @@ func (s *Semaphore) Acquire(ctx context.Context) error {
 		case err != nil && stops(ctx, err):
 			return s.fail(ctx, "acquire", err)
 		}
-		tried = err == nil
 	}
-	if err := s.acquireGated(ctx, n, tried); err != nil {
+	if err := s.acquireGated(ctx, n); err != nil {
 		return s.fail(ctx, "acquire", err)
 	}
 	return nil

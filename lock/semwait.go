@@ -48,24 +48,15 @@ func (s *Semaphore) gateFree(ctx context.Context) bool {
 }
 
 // acquireGated takes a slot of n through the gate: it queues on the gate,
-// and holding it, takes the first slot it finds free. tried: every slot was
-// tried just before, so it only watches them. The caller has the turn.
-func (s *Semaphore) acquireGated(ctx context.Context, n int, tried bool) error {
+// and holding it, takes the first slot it sees free. The caller has the
+// turn.
+func (s *Semaphore) acquireGated(ctx context.Context, n int) error {
 	defer func() { s.lastActive = time.Now() }()
 	if err := s.gate.Lock(ctx); err != nil {
 		return err
 	}
 	// On success too, at once: the next waiter's turn.
 	defer s.leaveGate(ctx)
-	if !tried {
-		ok, err := s.tryAll(ctx, n, rand.N(n))
-		switch {
-		case ok:
-			return nil
-		case err != nil && stops(ctx, err):
-			return err
-		}
-	}
 	j, err := s.waitSlot(ctx, n)
 	if err != nil {
 		return err
@@ -91,7 +82,10 @@ func stops(ctx context.Context, err error) bool {
 }
 
 // waitSlot watches slots 0 to n-1 and takes one as soon as it is seen free,
-// and returns it. The caller has the turn and holds the gate.
+// and returns it. It tries none before its watch reports the slot free:
+// whoever comes to the gate has mostly found every slot held, and the
+// watches' first events tell which are free without a try of each. The
+// caller has the turn and holds the gate.
 func (s *Semaphore) waitSlot(ctx context.Context, n int) (int, error) {
 	sw := &slotWatch{
 		sig:       make(chan struct{}, 1),
