@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
-	"sync"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -101,8 +100,10 @@ func (s *Semaphore) waitSlot(ctx context.Context, n int) (int, error) {
 	defer timer.Stop()
 	recheck := time.NewTimer(recheckAfter(ttl))
 	defer recheck.Stop()
+	watch := true
 	for {
-		if sw.over() {
+		if watch {
+			watch = false
 			// Its first events, the slots' states, mark the free ones.
 			if err := sw.start(ctx, s, n); err != nil {
 				if stops(ctx, err) {
@@ -114,7 +115,14 @@ func (s *Semaphore) waitSlot(ctx context.Context, n int) (int, error) {
 				retry.Reset()
 			}
 		}
-		if !sw.over() {
+		if sw.ws != nil && sw.collect(ttl) {
+			// A watch ended (the service refused it after a reconnect):
+			// watch again.
+			s.log.Debug("a watch of the slots ended; watching again")
+			sw.stop()
+			timer.Reset(retry.NextBackOff())
+		}
+		if sw.ws != nil {
 			cn, err := s.c.Connection(ctx)
 			if err != nil {
 				return -1, err
@@ -122,7 +130,7 @@ func (s *Semaphore) waitSlot(ctx context.Context, n int) (int, error) {
 			due, next := sw.due(holdOff(cn, ttl))
 			again := false
 			for _, j := range due {
-				ok, err := s.slots[j].tryLock(ctx) // TryLock without its read of a held key
+				ok, err := sw.try(ctx, s.slots[j], j)
 				switch {
 				case ok:
 					return j, nil
@@ -157,24 +165,28 @@ func (s *Semaphore) waitSlot(ctx context.Context, n int) (int, error) {
 			return -1, ctx.Err()
 		case <-sw.sig:
 		case <-timer.C:
+			watch = sw.ws == nil
 		case <-recheck.C:
 			// The safeguard: a notification lost unseen cannot keep the
 			// slots from this waiter for longer.
-			sw.markAll()
+			for j := range sw.pending {
+				sw.pending[j] = true
+			}
 			recheck.Reset(recheckAfter(ttl))
 		}
 	}
 }
 
-// slotWatch is the gate holder's watch of the slots.
+// slotWatch is the gate holder's watch of the slots, owned by waitSlot:
+// a callback watch of each slot, whose events queue in a waitBox as a
+// racing waiter's do, so that the holding of a slot taken goes on with
+// the slot's watch (see holding.guard).
 type slotWatch struct {
-	sig chan struct{} // capacity 1: a slot changed, or a watch ended
+	sig chan struct{} // capacity 1: a watch has news
 
-	ws []*sskv.Watcher // the watches of slots 0 to n-1, while watching
+	ws    []*sskv.Watcher // nil while not watching; ws[j] nil once a holding took it over
+	boxes []*waitBox
 
-	mu        sync.Mutex
-	gen       int         // counts the starts: a watch of an earlier one is ignored
-	ended     bool        // a watch ended: watch again
 	pending   []bool      // seen free: try it
 	seenHeld  []bool      // seen held, since the wait began
 	notBefore []time.Time // no attempt before: the slot may be held in someone's belief
@@ -187,35 +199,25 @@ func (sw *slotWatch) signal() {
 	}
 }
 
-// over reports whether the slots are not (all) watched.
-func (sw *slotWatch) over() bool {
-	sw.mu.Lock()
-	defer sw.mu.Unlock()
-	return sw.ws == nil || sw.ended
-}
-
-// start watches slots 0 to n-1 of s, after ending the watches it had.
+// start watches slots 0 to n-1 of s. ctx bounds only the registrations:
+// a holding that takes a slot goes on with its watch.
 func (sw *slotWatch) start(ctx context.Context, s *Semaphore, n int) error {
-	sw.stop()
-	sw.mu.Lock()
-	sw.gen++
-	gen := sw.gen
-	sw.ended = false
-	sw.mu.Unlock()
 	ws := make([]*sskv.Watcher, n)
+	boxes := make([]*waitBox, n)
 	var g errgroup.Group
 	g.SetLimit(32) // a semaphore may have up to maxSemaphoreLimit slots
 	for j := range n {
+		box := newWaitBox()
+		boxes[j] = box
 		g.Go(func() error {
 			w, err := s.c.Watch(ctx, SemaphoreSlot(s.cfg.Name, j), sskv.WithCallback(
-				func(ev sskv.Event) { sw.onEvent(gen, j, ev, s.cfg.TTL) },
-				func(error) { sw.onEnd(gen) }))
+				func(ev sskv.Event) { box.event(ev); sw.signal() },
+				func(err error) { box.done(err); sw.signal() }), sskv.Detached())
 			ws[j] = w
 			return err
 		})
 	}
-	err := g.Wait()
-	if err != nil {
+	if err := g.Wait(); err != nil {
 		for _, w := range ws {
 			if w != nil {
 				w.Stop()
@@ -223,51 +225,55 @@ func (sw *slotWatch) start(ctx context.Context, s *Semaphore, n int) error {
 		}
 		return err
 	}
-	sw.mu.Lock()
-	sw.ws = ws
-	sw.mu.Unlock()
+	sw.ws, sw.boxes = ws, boxes
 	return nil
 }
 
-// stop ends the watches.
+// stop ends the watches but those a holding took over.
 func (sw *slotWatch) stop() {
-	sw.mu.Lock()
-	ws := sw.ws
-	sw.ws = nil
-	sw.gen++
-	sw.mu.Unlock()
-	for _, w := range ws {
-		w.Stop()
+	for _, w := range sw.ws {
+		if w != nil {
+			w.Stop()
+		}
 	}
+	sw.ws, sw.boxes = nil, nil
 }
 
-func (sw *slotWatch) onEnd(gen int) {
-	sw.mu.Lock()
-	defer sw.mu.Unlock()
-	if gen == sw.gen {
-		sw.ended = true
-		sw.signal()
+// collect takes what the watches told, and reports whether one ended. A
+// slot found missing by a Resync (or by a watch started again) after it was
+// seen held may have vanished unseen while its holder still counts on it:
+// it is not tried for a TTL.
+func (sw *slotWatch) collect(ttl time.Duration) (ended bool) {
+	for j, b := range sw.boxes {
+		evs, end, _ := b.take()
+		ended = ended || end
+		for _, ev := range evs {
+			if ev.Op == sskv.OpSet {
+				sw.pending[j], sw.seenHeld[j] = false, true
+				continue
+			}
+			sw.pending[j] = true
+			if (ev.Resync || ev.Initial) && sw.seenHeld[j] {
+				sw.notBefore[j] = time.Now().Add(ttl)
+			}
+		}
 	}
+	return ended
 }
 
-func (sw *slotWatch) onEvent(gen, j int, ev sskv.Event, ttl time.Duration) {
-	sw.mu.Lock()
-	defer sw.mu.Unlock()
-	if gen != sw.gen {
-		return
+// try is slot Lock l's TryLock (without its read of a held key) of slot j,
+// with j's watch for the holding to go on with (as racer.attempt hands a
+// racing waiter's): a new watch of the key would share the registration of
+// j's, and start from the latest state this client was told, which may not
+// show the acquisition yet.
+func (sw *slotWatch) try(ctx context.Context, l *Lock, j int) (bool, error) {
+	l.watch = waitWatch{w: sw.ws[j], box: sw.boxes[j]}
+	ok, err := l.tryLock(ctx)
+	if l.watch.w == nil {
+		sw.ws[j] = nil // taken over
 	}
-	if ev.Op == sskv.OpSet {
-		sw.pending[j], sw.seenHeld[j] = false, true
-		return
-	}
-	sw.pending[j] = true
-	if (ev.Resync || ev.Initial) && sw.seenHeld[j] {
-		// Found missing after notifications were lost (or after a watch
-		// that ended): it may have vanished unseen while its holder still
-		// counts on it.
-		sw.notBefore[j] = time.Now().Add(ttl)
-	}
-	sw.signal()
+	l.watch = waitWatch{}
+	return ok, err
 }
 
 // due returns the slots to try now, from a random one, clearing their
@@ -275,8 +281,6 @@ func (sw *slotWatch) onEvent(gen, j int, ev sskv.Event, ttl time.Duration) {
 // is due before holdOff.
 func (sw *slotWatch) due(holdOff time.Time) (slots []int, next time.Time) {
 	now := time.Now()
-	sw.mu.Lock()
-	defer sw.mu.Unlock()
 	n := len(sw.pending)
 	off := rand.N(n)
 	for k := range n {
@@ -302,19 +306,8 @@ func (sw *slotWatch) due(holdOff time.Time) (slots []int, next time.Time) {
 
 // retry marks slot j to be tried again at t.
 func (sw *slotWatch) retry(j int, t time.Time) {
-	sw.mu.Lock()
-	defer sw.mu.Unlock()
 	sw.pending[j] = true
 	if t.After(sw.notBefore[j]) {
 		sw.notBefore[j] = t
-	}
-}
-
-// markAll marks every slot to be tried.
-func (sw *slotWatch) markAll() {
-	sw.mu.Lock()
-	defer sw.mu.Unlock()
-	for j := range sw.pending {
-		sw.pending[j] = true
 	}
 }
