@@ -237,8 +237,8 @@ func (s *Semaphore) Acquire(ctx context.Context) error {
 	if fresh || <-gateFree {
 		// Not at the gate lately, or nobody waits there: try each slot
 		// once, from a random one. A participant that held or waited
-		// within a TTL queues behind those at the gate instead, rather
-		// than take a slot its release just freed.
+		// within a TTL, and finds someone at the gate, queues behind them
+		// instead, rather than take a slot its release just freed.
 		ok, err := s.tryAll(ctx, n, rand.N(n))
 		switch {
 		case ok:

@@ -20,6 +20,9 @@ import (
 // state), takes a slot it sees free with the slot Lock's TryLock, then
 // leaves the gate (Unlock), which goes to the next waiter. Apache
 // Curator's InterProcessSemaphoreV2 uses a mutex as a gate the same way.
+// The gate has FenceKey: its release reserves it for the first waiter, so
+// that nobody takes it in between, nor reads it free (Acquire tries the
+// slots at once when it finds nobody at the gate).
 //
 // The gate holds nothing but the order. The slots are taken with their
 // Locks' SET NEX, so nothing that befalls the gate (a holder of it paused
