@@ -136,3 +136,70 @@ func TestSemaphoreUncontendedRequests(t *testing.T) {
 		t.Error("an uncontended participant watches the gate")
 	}
 }
+
+// A participant holding the gate whose connection came after an outage may
+// take no missing slot until its hold-off ends (a TTL): it leaves the gate
+// to the waiter behind it, which takes the slot freed meanwhile, and queues
+// again once its hold-off is over.
+func TestSemaphoreHeldOffGateHolderLeavesTheGate(t *testing.T) {
+	srv := startStore(t)
+	proxy := startProxy(t, srv.Addr())
+	ctx := testCtx(t)
+	cfg := lock.SemaphoreConfig{Name: "s", Limit: 1, TTL: 3 * time.Second}
+	a := newSemaphore(t, dial(t, srv.Addr()), cfg)
+	if err := a.Acquire(ctx); err != nil {
+		t.Fatal(err)
+	}
+	acquire := func(s *lock.Semaphore) <-chan error {
+		ch := make(chan error, 1)
+		go func() { ch <- s.Acquire(ctx) }()
+		return ch
+	}
+	gc := dial(t, proxy.Addr())
+	g := newSemaphore(t, gc, cfg)
+	gotG := acquire(g)
+	waitFor(t, "g to hold the gate and watch the slot", func() bool { return srv.Watching(gc.ID(), lock.SemaphoreSlot("s", 0)) })
+	wc := dial(t, srv.Addr())
+	w := newSemaphore(t, wc, cfg)
+	gotW := acquire(w)
+	waitFor(t, "w to wait for the gate", func() bool { return srv.Watching(wc.ID(), "s\x00gate") })
+
+	before, err := gc.Connection(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy.Cut()
+	waitFor(t, "g to reconnect", func() bool {
+		cn, err := gc.Connection(ctx)
+		return err == nil && cn != before
+	})
+	released := time.Now()
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-gotW:
+		if err != nil {
+			t.Fatalf("w: Acquire: %v", err)
+		}
+	case err := <-gotG:
+		t.Fatalf("g acquired (%v) within its hold-off after a reconnect", err)
+	case <-time.After(waitTimeout):
+		t.Fatal("w did not acquire the slot freed while g, holding the gate, was held off")
+	}
+	t.Logf("w took the slot %v after its release (g's hold-off: a TTL, %v)", time.Since(released).Round(time.Millisecond), cfg.TTL)
+	if err := w.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-gotG:
+		if err != nil {
+			t.Fatalf("g: Acquire: %v", err)
+		}
+	case <-time.After(waitTimeout):
+		t.Fatal("g did not acquire once its hold-off had ended")
+	}
+	if took := time.Since(released); took < cfg.TTL/2 {
+		t.Errorf("g took the slot %v after a's release, within its hold-off", took)
+	}
+}

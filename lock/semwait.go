@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -41,7 +42,10 @@ import (
 // found free is not tried within a TTL of a reconnect (TryLock holds off:
 // see Lock.holdOff), nor within a TTL of a Resync that found it missing
 // after it was seen held (it may have vanished unseen with a store restart
-// while its holder still counts on it), as Lock.wait reasons.
+// while its holder still counts on it), as Lock.wait reasons. A gate
+// holder held off after a reconnect while a slot is free leaves the gate
+// to the next waiters, whose connections may have had no outage, and
+// queues again once its hold-off has ended.
 
 // gateFree reports whether a read finds nobody at the gate.
 func (s *Semaphore) gateFree(ctx context.Context) bool {
@@ -54,18 +58,42 @@ func (s *Semaphore) gateFree(ctx context.Context) bool {
 // turn.
 func (s *Semaphore) acquireGated(ctx context.Context, n int) error {
 	defer func() { s.lastActive = time.Now() }()
-	if err := s.gate.Lock(ctx); err != nil {
-		return err
+	for {
+		if err := s.gate.Lock(ctx); err != nil {
+			return err
+		}
+		j, err := s.waitSlot(ctx, n)
+		// On success too, at once: the next waiter's turn.
+		s.leaveGate(ctx)
+		var ho heldOff
+		if !errors.As(err, &ho) {
+			if err != nil {
+				return err
+			}
+			s.setHolding(j)
+			return nil
+		}
+		// A slot is free, but this participant's connection came after an
+		// outage, and it may take none until its hold-off ends (see
+		// Lock.holdOff): the next waiters, whose connections may have
+		// none, are not held up meanwhile. It queues again once its
+		// hold-off has ended.
+		s.log.Debug("held off after a reconnect; leaving the gate to the next waiter", "until", time.Time(ho))
+		t := time.NewTimer(time.Until(time.Time(ho)))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
 	}
-	// On success too, at once: the next waiter's turn.
-	defer s.leaveGate(ctx)
-	j, err := s.waitSlot(ctx, n)
-	if err != nil {
-		return err
-	}
-	s.setHolding(j)
-	return nil
 }
+
+// heldOff is waitSlot's error when it sees a slot free that its
+// participant may not take before then.
+type heldOff time.Time
+
+func (heldOff) Error() string { return "lock: held off after a reconnect" }
 
 // leaveGate releases the gate, whatever ctx says (for a TTL at most): a
 // gate left held would hold the next waiter up until it expired.
@@ -86,8 +114,9 @@ func stops(ctx context.Context, err error) bool {
 // waitSlot watches slots 0 to n-1 and takes one as soon as it is seen free,
 // and returns it. It tries none before its watch reports the slot free:
 // whoever comes to the gate has mostly found every slot held, and the
-// watches' first events tell which are free without a try of each. The
-// caller has the turn and holds the gate.
+// watches' first events tell which are free without a try of each. A slot
+// free while the participant is held off after a reconnect ends the wait
+// (heldOff). The caller has the turn and holds the gate.
 func (s *Semaphore) waitSlot(ctx context.Context, n int) (int, error) {
 	sw := &slotWatch{
 		sig:       make(chan struct{}, 1),
@@ -130,7 +159,11 @@ func (s *Semaphore) waitSlot(ctx context.Context, n int) (int, error) {
 			if err != nil {
 				return -1, err
 			}
-			due, next := sw.due(holdOff(cn, ttl))
+			off := holdOff(cn, ttl)
+			due, next := sw.due(off)
+			if len(due) == 0 && time.Now().Before(off) && slices.Contains(sw.pending, true) {
+				return -1, heldOff(off)
+			}
 			again := false
 			for _, j := range due {
 				ok, err := sw.try(ctx, s.slots[j], j)
