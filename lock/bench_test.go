@@ -198,9 +198,11 @@ func BenchmarkWaiters(b *testing.B) {
 	}
 }
 
-// One uncontended Acquire and Release of a semaphore of limit 3: the GET of
-// the record, the SET NEX PX and fenced SET that take a slot (FenceKey),
-// and the fenced VDEL of the release. Reports the requests per round trip.
+// One uncontended Acquire and Release of a semaphore of limit 3, in a
+// loop: the GET of the record, the GET of the gate (the participant held
+// within a TTL: does anyone wait?), the SET NEX PX and fenced SET that take
+// a slot (FenceKey), the fenced VDEL of the release, and the holding's
+// watch of its slot. Reports the requests per round trip.
 func BenchmarkSemaphore(b *testing.B) {
 	srv := startStore(b)
 	acquireRelease(b, srv, dial(b, srv.Addr()), lock.SemaphoreConfig{Name: "s", Limit: 3})
@@ -229,12 +231,9 @@ func acquireRelease(b *testing.B, srv *localstore.Server, c *sskv.Client, cfg lo
 }
 
 // Acquire and Release again and again while another participant holds
-// slot 0, taken while free (so it keeps no queue), and nobody waits. Each
-// Acquire after the first goes to the queue (its participant held within
-// a TTL), gets no confirmation from slot 0's holder, and takes
-// a free slot itself after coverGrace (TTL/10, up to 1 s): the price of
-// the order (see the package documentation). Reports the requests per
-// round trip.
+// slot 0, and nobody waits: each Acquire after the first reads the gate,
+// finds nobody there, and takes a free slot (before the gate, it waited
+// for a grace beside such a holder). Reports the requests per round trip.
 func BenchmarkSemaphoreBesideHolder(b *testing.B) {
 	srv := startStore(b)
 	cfg := lock.SemaphoreConfig{Name: "s", Limit: 3}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/dsslock/dsslock/internal/storetest"
 	"github.com/dsslock/dsslock/lock"
+	"github.com/dsslock/dsslock/sskv"
 )
 
 // Close does not wait for a store that is away. Two FenceKey Locks take
@@ -59,8 +60,11 @@ func TestSemaphoreCloseDoesNotWaitForAStoreThatIsAway(t *testing.T) {
 	srv := startStore(t)
 	ctx := testCtx(t)
 	var sems []*lock.Semaphore
+	var cs []*sskv.Client
 	for _, id := range []string{"a", "b", "c"} {
-		sems = append(sems, newSemaphore(t, dial(t, srv.Addr()), lock.SemaphoreConfig{Name: "s", HolderID: id, Limit: 2, TTL: time.Second}))
+		c := dial(t, srv.Addr())
+		cs = append(cs, c)
+		sems = append(sems, newSemaphore(t, c, lock.SemaphoreConfig{Name: "s", HolderID: id, Limit: 2, TTL: time.Second}))
 	}
 	for _, s := range sems[:2] {
 		if err := s.Acquire(ctx); err != nil {
@@ -69,11 +73,9 @@ func TestSemaphoreCloseDoesNotWaitForAStoreThatIsAway(t *testing.T) {
 	}
 	got := make(chan error, 1)
 	go func() { got <- sems[2].Acquire(ctx) }()
-	admin := dial(t, srv.Addr())
-	storetest.Eventually(t, "c to join the queue", func() bool {
-		res, err := admin.Get(ctx, lock.SemaphoreSlot("s", 0)+"\x00inbox\x00"+sems[0].HolderID())
-		res2, err2 := admin.Get(ctx, lock.SemaphoreSlot("s", 0)+"\x00inbox\x00"+sems[1].HolderID())
-		return err == nil && err2 == nil && (res.Found || res2.Found)
+	// c holds the gate, and watches the slots.
+	storetest.Eventually(t, "c to wait at the gate", func() bool {
+		return srv.Watching(cs[2].ID(), lock.SemaphoreSlot("s", 0)) && srv.Watching(cs[2].ID(), lock.SemaphoreSlot("s", 1))
 	})
 	for _, s := range sems[:2] {
 		if err := s.Release(ctx); err != nil {

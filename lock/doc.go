@@ -60,8 +60,9 @@
 //     *sskv.ServiceError). A Lock without FenceKey shares a key with the
 //     Azure IoT Operations SDK's leased lock.
 //   - A Semaphore never has more than N holders, one per slot, each slot a
-//     FenceKey Lock. Tokens of different slots are not ordered: fence per
-//     slot. N is the record's; a different Limit fails ([ErrLimitMismatch]).
+//     FenceKey Lock, whatever befalls the gate its waiters queue on. Tokens
+//     of different slots are not ordered: fence per slot. N is the
+//     record's; a different Limit fails ([ErrLimitMismatch]).
 //   - An [RWMutex] has many readers or one writer, each holding a Lock's
 //     (a reader slot's, or the gate's for a writer). Readers that come after
 //     a waiting writer wait behind it. A writer's token is newer than every
@@ -99,11 +100,13 @@
 //	waiting while the holder renews   no requests; about 1.25 KB (1.0 KB for Acquire with Race)
 //	handover to the next waiter       about 4 requests, a few ms
 //	takeover after a holder crashed   about TTL after its last renewal (Config)
-//	Semaphore Acquire and Release     4 requests when a slot is free
+//	Semaphore Acquire and Release     4 requests when a slot is free (5 after a holding)
 //	RWMutex RLock and RUnlock         about 7 requests; Lock and Unlock about 6 + MaxReaders
 //
-// A Semaphore participant that held or waited within a TTL queues even when
-// a slot is free, and beside a holder of slot 0 that keeps no queue waits
-// about TTL/10 (at most 1 s) for it. docs/design/lock.md describes the queue,
-// the racing waiter and the semaphore, and the designs they replaced.
+// A Semaphore participant that held or waited within a TTL first reads the
+// semaphore's gate (one GET), and queues on it if anyone waits there, even
+// when a slot is free. The participant holding the gate renews it while it
+// waits for a slot; if it is paused, the waiters behind it wait until its
+// lease of the gate ends. docs/design/lock.md describes the queue, the
+// racing waiter and the semaphore, and the designs they replaced.
 package lock

@@ -21,7 +21,6 @@ func FuzzQueueMessages(f *testing.F) {
 	es := []entry{{rec: []byte("a\n~0123456789abcdef\n"), told: toldFirst}, {rec: []byte("b"), told: toldAck}}
 	f.Add(turnBody(ts, ts, es)[1:])
 	f.Add(appendEntries(nil, es))
-	f.Add(offerBody(2, ts)[1:])
 	f.Add(expiredBody(ts, []string{"a", "b"})[1:])
 	f.Add(SemaphoreRecord(3))
 	f.Add([]byte("holder\n001795695934356:00001:statestore\nvalue"))
@@ -37,14 +36,6 @@ func FuzzQueueMessages(f *testing.F) {
 			t2, r2, again, ok := parseTurn(turnBody(token, rel, got)[1:])
 			if !ok || t2 != token || r2 != rel || len(again) != len(got) {
 				t.Fatalf("turn %q does not read back", b)
-			}
-		}
-		if slot, v, ok := parseOffer(b); ok {
-			if s2, v2, ok := parseOffer(offerBody(slot, v)[1:]); !ok || s2 != slot || v2 != v {
-				t.Fatalf("offer %q does not read back", b)
-			}
-			if slot < 1 || slot >= maxSemaphoreLimit {
-				t.Fatalf("offer %q gives slot %d", b, slot)
 			}
 		}
 		if v, ids, ok := parseExpired(b); ok {

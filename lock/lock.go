@@ -40,12 +40,6 @@ type Lock struct {
 	// q is the Lock's view of the lock's queue while it waits, holds or has
 	// just held the lock (see queue.go); nil otherwise. Guarded by the turn.
 	q *queue
-	// qv is q, for a Semaphore's look at where a wait stands (queuePlace)
-	// from outside the turn.
-	qv atomic.Pointer[queue]
-	// sem, set for a Semaphore's slot 0 before its first use, links its
-	// queue to the Semaphore (semqueue.go).
-	sem *semHooks
 
 	mu  sync.Mutex
 	cur *holding // the latest holding; never nil (see notHeld)
@@ -118,7 +112,7 @@ func (l *Lock) Config() Config { return l.cfg }
 //     the Lock holds nothing, and deletes the key if it took it, in the
 //     background, before its next acquisition or Close goes ahead.
 func (l *Lock) TryLock(ctx context.Context) (bool, error) {
-	ok, err := l.tryLock(ctx, hlc.Timestamp{})
+	ok, err := l.tryLock(ctx)
 	if ok || err != nil {
 		return ok, err
 	}
@@ -135,9 +129,8 @@ func (l *Lock) TryLock(ctx context.Context) (bool, error) {
 	return false, nil
 }
 
-// tryLock is TryLock with the SET that takes the key fenced with ft
-// (unless zero): the version of a reservation for this Lock.
-func (l *Lock) tryLock(ctx context.Context, ft hlc.Timestamp) (bool, error) {
+// tryLock is TryLock without its read of a key found held.
+func (l *Lock) tryLock(ctx context.Context) (bool, error) {
 	ctx = l.bind(ctx)
 	defer l.unbind(ctx)
 	if err := l.begin(ctx); err != nil {
@@ -149,18 +142,11 @@ func (l *Lock) tryLock(ctx context.Context, ft hlc.Timestamp) (bool, error) {
 		return false, l.wrap("", l.closedErr(ctx, err))
 	}
 	if time.Now().Before(l.holdOff(cn)) {
-		// Within a TTL of a reconnect: the key may be held unseen, unless
-		// it is still reserved for this Lock (see reservedOn).
-		ok := false
-		if !ft.IsZero() {
-			ft, ok = l.reservedOn(ctx, cn)
-		}
-		if !ok {
-			l.end()
-			return false, nil
-		}
+		// Within a TTL of a reconnect: the key may be held unseen.
+		l.end()
+		return false, nil
 	}
-	ok, err := l.attemptFenced(ctx, cn, ft)
+	ok, err := l.attempt(ctx, cn)
 	switch {
 	case errors.Is(err, errAnsweredLate):
 		l.abandonThenEnd()
@@ -360,7 +346,6 @@ func (l *Lock) Close(ctx context.Context) error {
 		l.q.leave()
 		l.q.close()
 		l.q = nil
-		l.qv.Store(nil)
 		if l.cfg.FenceKey {
 			l.dropReservation(ctx)
 		}

@@ -56,8 +56,8 @@ import (
 // every waiter it was told was ahead of it take the key), and a watcher
 // that is not tells the first of those (msgExpired: both watchers do, one
 // message each), which takes it; a Lock that was told and no longer waits
-// tells the next. A waiter that leaves the queue (or that a Semaphore
-// serves another slot) is struck from the watchers' lists: the holder tells
+// tells the next. A waiter that leaves the queue is struck from the
+// watchers' lists: the holder tells
 // the watchers behind it (msgLeft), one message each. A watcher takes the key itself after coverGrace, in case
 // the first is gone too (or merely slow). Not after a Resync: a key that
 // vanished unseen is left alone for a TTL (see Lock). A holder that took
@@ -93,7 +93,6 @@ const (
 	msgTurn    = 'Q' // reservation ',' releaser '\n' entries: the lock is released to you; the rest of the queue
 	msgForward = 'A' // entries: queue these after the ones you have
 	msgRoll    = 'E' // entries: the queue as its holder knows it (the roll-call key)
-	msgSlot    = 'S' // slot ',' version: a Semaphore's slot is reserved for you (semwait.go)
 	msgExpired = 'X' // version '\n' ids: the key expired then, and you are the first waiter; if you do not wait, tell the first of ids
 	msgLeft    = 'L' // id: a waiter you were told was ahead of you left the queue
 )
@@ -297,7 +296,6 @@ func (l *Lock) engage(ctx context.Context) (*queue, error) {
 		take: make(chan chan waitWatch)}
 	go q.run()
 	l.q = q
-	l.qv.Store(q)
 	return q, nil
 }
 
@@ -403,7 +401,6 @@ func (q *queue) notify() {
 	case q.sig <- struct{}{}:
 	default:
 	}
-	q.l.signalWait()
 }
 
 // send writes msg into id's inbox, in the background.
@@ -508,12 +505,10 @@ func (q *queue) onInbox(ev sskv.Event) {
 			// the key at once (see Lock.waitQueued).
 			q.expiredTold = true
 		case !q.waiting && len(ids) > 0:
-			// It no longer waits (it gave up, or a Semaphore served it
-			// another slot): the next one is the first.
+			// It no longer waits (it gave up): the next one is the
+			// first.
 			q.send(ids[0], expiredBody(v, ids[1:]))
 		}
-	case msgSlot:
-		q.l.offered(body)
 	case msgTurn:
 		token, rel, es, ok := parseTurn(body)
 		if !ok {
@@ -539,8 +534,7 @@ func (q *queue) onInbox(ev sskv.Event) {
 	q.settle()
 }
 
-// remove takes the waiter at i out of the queue, which it left (or a
-// Semaphore served it): a holder tells the watchers of the key behind it,
+// remove takes the waiter at i out of the queue, which it left: a holder tells the watchers of the key behind it,
 // which were told it was ahead of them, so that at an expiry they tell the
 // first waiter, not one that has gone. q.mu is held.
 func (q *queue) remove(i int) {
@@ -681,7 +675,7 @@ func (q *queue) settle() {
 		// it follows.) Once the lock is released to it, it confirms
 		// them: a waiter left unconfirmed would take the key at the next
 		// release, as if it had joined a holder that keeps no queue.
-		if (q.merge || q.l.sem != nil) && !q.turn && q.acked && q.joinedTo != "" && q.joinedTo != "?" && len(q.entries) > 0 {
+		if q.merge && !q.turn && q.acked && q.joinedTo != "" && q.joinedTo != "?" && len(q.entries) > 0 {
 			// It waits in another's queue (it lost a turn, or a turn came
 			// late): what it keeps goes there too, after the waiters
 			// there, to be told their place afresh.
@@ -1006,7 +1000,6 @@ func (q *queue) startWait() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.waiting = true
-	q.l.signalWait()
 }
 
 // joined records that this Lock's join went to id.
@@ -1015,7 +1008,6 @@ func (q *queue) joined(id string, acked bool) {
 	defer q.mu.Unlock()
 	q.joinedTo, q.acked, q.rejoin, q.head, q.ahead = id, acked, false, 0, nil
 	q.joinedAt = time.Now()
-	q.l.signalWait()
 }
 
 // lostTurn records that the lock released to this Lock was taken by
@@ -1027,7 +1019,6 @@ func (q *queue) lostTurn() {
 	// queue it was handed (see settle): two queues would each wait for
 	// the other's key to be free.
 	q.turn, q.head, q.ahead, q.acked, q.rejoin, q.merge = false, 0, nil, false, true, true
-	q.l.signalWait()
 }
 
 // acquired makes this Lock the queue's keeper: it holds the lock. partial

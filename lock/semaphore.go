@@ -38,11 +38,16 @@ type SemaphoreConfig struct {
 // slot's key, as queue.go makes its extra keys.
 const slotInfix = "\x00slot\x00"
 
+// gateSuffix is appended to a semaphore's name to make its gate's key (see
+// semwait.go).
+const gateSuffix = "\x00gate"
+
 // semaphoreRecordPrefix starts the value of a semaphore's record key.
 const semaphoreRecordPrefix = "dsslock-semaphore limit="
 
 // maxSemaphoreLimit bounds Limit: an acquisition that finds the slots held
-// has tried each of them (see Semaphore.Acquire).
+// has tried each of them, and the gate's holder watches each (see
+// semwait.go).
 const maxSemaphoreLimit = 1000
 
 // SemaphoreSlot returns the key of slot i of the semaphore name.
@@ -73,8 +78,12 @@ func parseSemaphoreRecord(v []byte) (int, bool) {
 // and release are a Lock's: Done, Context, Err, Token, FencingToken,
 // FencingConn and Fenced refer to the current (or latest) holding, and a
 // Semaphore is a fenced.ConnSource. Its methods are safe for concurrent
-// use. Slots pass to waiters through the holder of slot 0: while it is
-// paused, a freed slot stays free until it wakes or its lease ends.
+// use.
+//
+// Waiters queue on a gate, a Lock of its own, and the one holding the gate
+// takes the next slot freed (see Acquire). While the participant holding
+// the gate is paused, the other waiters wait until its lease of the gate
+// ends (TTL), even if slots are freed meanwhile.
 type Semaphore struct {
 	c    *sskv.Client
 	cfg  SemaphoreConfig
@@ -83,20 +92,10 @@ type Semaphore struct {
 	life context.Context
 	kill context.CancelCauseFunc
 
-	slots []*Lock // one per slot of the largest limit seen; guarded by the turn, and added to under omu too
-	nonce nonce   // every slot's Lock's: a reservation for any slot is the same record
+	gate  *Lock   // the waiters' queue (semwait.go)
+	slots []*Lock // one per slot of the largest limit seen; guarded by the turn
 	// lastActive is when it last released, or waited; guarded by the turn.
 	lastActive time.Time
-	// keeper serves the queue while this participant holds slot 0
-	// (semwait.go); guarded by the turn.
-	keeper struct {
-		stop context.CancelFunc
-		done chan struct{}
-	}
-
-	omu    sync.Mutex
-	offers chan offer // while an acquisition waits in the queue
-	rec    []byte     // the slots' acquisition record, once slot 0's Lock exists
 
 	mu     sync.Mutex
 	cur    *Lock // the slot of the latest holding; nil before the first
@@ -130,14 +129,28 @@ func NewSemaphore(c *sskv.Client, cfg SemaphoreConfig) (*Semaphore, error) {
 	if err := checkWatchable(c, SemaphoreSlot(cfg.Name, maxSemaphoreLimit-1), cfg.HolderID); err != nil {
 		return nil, err
 	}
+	gate, err := New(c, Config{
+		Name:          cfg.Name + gateSuffix,
+		HolderID:      cfg.HolderID,
+		TTL:           cfg.TTL,
+		RenewInterval: cfg.RenewInterval,
+		RenewDeadline: cfg.RenewDeadline,
+		// A release reserves the gate for the first waiter: nobody takes
+		// it in between (see queue.go), nor sees it free (gateFree).
+		FenceKey: true,
+		Logger:   cfg.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
 	s := &Semaphore{
 		c:     c,
 		cfg:   cfg,
 		log:   cfg.Logger,
 		turn:  make(chan struct{}, 1),
+		gate:  gate,
 		slot:  -1,
 		limit: cfg.Limit,
-		nonce: newNonce(),
 	}
 	if s.log.Handler() != slog.DiscardHandler {
 		s.log = s.log.With("semaphore", cfg.Name, "holder", cfg.HolderID)
@@ -197,10 +210,12 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (bool, error) {
 // while Limit others hold it. When it returns nil, this participant holds
 // one slot (Slot), with at least RenewDeadline before it could be lost.
 //
-// A participant that has neither held nor waited within a TTL tries each
-// slot once; otherwise it waits in the queue, first come first served, even
-// for the slot it just freed. Errors are Lock.Lock's, and ErrLimitMismatch
-// or ErrNoLimit from the record; on an error, nothing is held.
+// A participant that has neither held nor waited within a TTL, or that
+// finds nobody at the semaphore's gate, tries each slot once. Otherwise,
+// or if every slot is held, it queues on the gate, first come first
+// served, even for the slot it just freed (see semwait.go). Errors are
+// Lock.Lock's, and ErrLimitMismatch or ErrNoLimit from the record; on an
+// error, nothing is held.
 func (s *Semaphore) Acquire(ctx context.Context) error {
 	ctx, unbind := s.bind(ctx)
 	defer unbind()
@@ -208,26 +223,31 @@ func (s *Semaphore) Acquire(ctx context.Context) error {
 		return err
 	}
 	defer s.end()
+	fresh := s.lastActive.IsZero() || time.Since(s.lastActive) > s.cfg.TTL
+	var gateFree chan bool
+	if !fresh {
+		// Read the gate while prepare reads the record.
+		gateFree = make(chan bool, 1)
+		go func() { gateFree <- s.gateFree(ctx) }()
+	}
 	n, err := s.prepare(ctx)
 	if err != nil {
 		return err
 	}
-	if s.lastActive.IsZero() || time.Since(s.lastActive) > s.cfg.TTL {
-		// Not in the queue lately: try each slot once, from a random one.
-		// A participant that held or waited within a TTL goes to the back
-		// of the queue instead, behind those that wait, rather than take
-		// a slot its release just freed.
+	if fresh || <-gateFree {
+		// Not at the gate lately, or nobody waits there: try each slot
+		// once, from a random one. A participant that held or waited
+		// within a TTL, and finds someone at the gate, queues behind them
+		// instead, rather than take a slot its release just freed.
 		ok, err := s.tryAll(ctx, n, rand.N(n))
 		switch {
 		case ok:
 			return nil
-		case err != nil && (ctx.Err() != nil || refused(err) || errors.Is(err, ErrClosed) || errors.Is(err, sskv.ErrClosed)):
+		case err != nil && stops(ctx, err):
 			return s.fail(ctx, "acquire", err)
 		}
 	}
-	// Every slot held (or a try failed in a way a wait retries): wait in
-	// the semaphore's queue (see semwait.go).
-	if err := s.acquireQueued(ctx, n); err != nil {
+	if err := s.acquireGated(ctx, n); err != nil {
 		return s.fail(ctx, "acquire", err)
 	}
 	return nil
@@ -239,9 +259,9 @@ func (s *Semaphore) tryAll(ctx context.Context, n, start int) (bool, error) {
 	var first error
 	for k := range n {
 		i := (start + k) % n
-		ok, err := s.slots[i].tryLock(ctx, hlc.Timestamp{}) // TryLock without its read of a held key
+		ok, err := s.slots[i].tryLock(ctx) // TryLock without its read of a held key
 		if ok {
-			s.setHolding(i, n)
+			s.setHolding(i)
 			return true, nil
 		}
 		if err != nil {
@@ -281,33 +301,9 @@ func (s *Semaphore) prepare(ctx context.Context) (int, error) {
 		if err != nil {
 			return 0, err
 		}
-		l.nonce = s.nonce
-		if i == 0 {
-			l.sem = &semHooks{
-				waitSig: make(chan struct{}, 1),
-				keepSig: make(chan struct{}, 1),
-				offer:   s.offered,
-			}
-			s.omu.Lock()
-			s.rec = l.acqRecord()
-			s.omu.Unlock()
-		}
-		s.omu.Lock() // for slotLock
 		s.slots = append(s.slots, l)
-		s.omu.Unlock()
 	}
 	return n, nil
-}
-
-// slotLock returns the Lock of slot i, or nil if there is none, without the
-// turn (which guards s.slots otherwise: it is added to under s.omu too).
-func (s *Semaphore) slotLock(i int) *Lock {
-	s.omu.Lock()
-	defer s.omu.Unlock()
-	if i < 0 || i >= len(s.slots) {
-		return nil
-	}
-	return s.slots[i]
 }
 
 // readLimit returns the record's limit, writing the record first if it is
@@ -363,7 +359,6 @@ func (s *Semaphore) Release(ctx context.Context) error {
 	if cur == nil {
 		return s.wrap("release", ErrNotHeld)
 	}
-	s.stopKeeper()
 	s.lastActive = time.Now()
 	return s.fail(ctx, "", cur.Unlock(ctx))
 }
@@ -379,8 +374,7 @@ func (s *Semaphore) Close(ctx context.Context) error {
 		return err
 	}
 	defer s.end()
-	s.stopKeeper()
-	var errs []error
+	errs := []error{s.gate.Close(ctx)}
 	for _, l := range s.slots {
 		errs = append(errs, l.Close(ctx))
 	}
@@ -447,40 +441,12 @@ func (s *Semaphore) current() *Lock {
 	return s.cur
 }
 
-// setHolding records the holding of slot i of n. The caller has the turn.
-func (s *Semaphore) setHolding(i, n int) {
+// setHolding records the holding of slot i. The caller has the turn.
+func (s *Semaphore) setHolding(i int) {
 	s.mu.Lock()
 	s.cur, s.slot = s.slots[i], i
 	s.mu.Unlock()
 	s.log.Info("acquired a slot", "slot", i, "token", s.slots[i].Token())
-	s.stopKeeper()
-	if i == 0 && n > 1 {
-		kctx, stop := context.WithCancel(s.slots[0].Context())
-		done := make(chan struct{})
-		s.keeper.stop, s.keeper.done = stop, done
-		go func() {
-			defer close(done)
-			s.keep(kctx, n)
-		}()
-	}
-}
-
-// stopKeeper ends the keeper, if any, and waits for it. The caller has the
-// turn.
-func (s *Semaphore) stopKeeper() {
-	if s.keeper.stop == nil {
-		return
-	}
-	s.keeper.stop()
-	<-s.keeper.done
-	s.keeper.stop, s.keeper.done = nil, nil
-}
-
-// slots0Record returns the record of this participant's acquisitions.
-func (s *Semaphore) slots0Record() []byte {
-	s.omu.Lock()
-	defer s.omu.Unlock()
-	return s.rec
 }
 
 // bind returns ctx, also ended by Close (with cause ErrClosed).

@@ -332,9 +332,12 @@ func TestSemaphoreLostSlotIsFenced(t *testing.T) {
 	}
 }
 
-// Waiters send nothing while the holders renew: with 2 holders and 3
-// waiters, each queued on a slot, the waiters' clients send no request over
-// 9 TTLs once they have joined.
+// Waiters send nothing while the holders renew, but the one holding the
+// gate, which renews its lease of the gate: with 2 holders and 3 waiters,
+// over 9 TTLs once the waiters have settled, the two queued on the gate
+// send no request, and the one holding it only its renewals of the gate
+// (and its safeguard check of the slots, 10.5 TTLs or more after it began
+// to watch them).
 func TestSemaphoreWaitersSendNothingWhileHoldersRenew(t *testing.T) {
 	srv := startStore(t)
 	// Long enough for the holders not to miss a renewal on a loaded
@@ -343,8 +346,6 @@ func TestSemaphoreWaitersSendNothingWhileHoldersRenew(t *testing.T) {
 	cfg := lock.SemaphoreConfig{Name: "s", Limit: 2, TTL: ttl}
 	ctx := testCtx(t)
 	var holders []*lock.Semaphore
-	obs := dial(t, srv.Addr())
-	joins := make(chan sskv.Event, 64)
 	var holderClients []*sskv.Client
 	for range 2 {
 		c := dial(t, srv.Addr())
@@ -354,17 +355,6 @@ func TestSemaphoreWaitersSendNothingWhileHoldersRenew(t *testing.T) {
 			t.Fatal(err)
 		}
 		holders = append(holders, h)
-		// An observer of the holder's inbox sees each waiter join.
-		w, err := obs.Watch(ctx, lock.SemaphoreSlot("s", h.Slot())+"\x00inbox\x00"+h.HolderID())
-		if err != nil {
-			t.Fatal(err)
-		}
-		storetest.SkipInitial(t, w)
-		go func() {
-			for ev := range w.Events() {
-				joins <- ev
-			}
-		}()
 	}
 	wctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -380,26 +370,28 @@ func TestSemaphoreWaitersSendNothingWhileHoldersRenew(t *testing.T) {
 			}
 		})
 	}
-	joined := map[string]bool{}
-	for len(joined) < len(clients) {
-		select {
-		case ev := <-joins:
-			if ev.Op == sskv.OpSet && len(ev.Value) > 0 && ev.Value[0] == '+' {
-				joined[string(ev.Value)] = true
+	// One waiter holds the gate, and watches the slots; the others wait
+	// for the gate, and watch its key (both of them: see queue.go).
+	gate := -1
+	waitFor(t, "the waiters to wait", func() bool {
+		gate = -1
+		for i, c := range clients {
+			switch {
+			case srv.Watching(c.ID(), lock.SemaphoreSlot("s", 0)) && srv.Watching(c.ID(), lock.SemaphoreSlot("s", 1)):
+				gate = i
+			case !srv.Watching(c.ID(), "s\x00gate"):
+				return false
 			}
-		case <-time.After(waitTimeout):
-			t.Fatalf("%d of %d waiters joined a queue", len(joined), len(clients))
 		}
-	}
-	// Once joined, the first two waiters watch the other slot and try it
-	// once: entry ends when the waiters' count has not moved for a sixth
-	// of a TTL (clear of their safeguard check, 10.5 TTLs or more after
-	// their last try).
+		return gate >= 0
+	})
+	// Entry ends when the queued waiters' count has not moved for a sixth
+	// of a TTL.
 	entry := make([]int64, len(clients))
 	count := func() (changed bool) {
 		for i, c := range clients {
 			n := srv.Requests(c.ID())
-			changed = changed || n != entry[i]
+			changed = changed || (n != entry[i] && i != gate)
 			entry[i] = n
 		}
 		return changed
@@ -419,11 +411,22 @@ func TestSemaphoreWaitersSendNothingWhileHoldersRenew(t *testing.T) {
 	}
 	before := srv.Requests(holderClients[0].ID())
 	// The span measured, not a wait for an event: 9 TTLs, clear of the
-	// waiters' safeguard check, 10.5 TTLs or more after their last try.
+	// queued waiters' safeguard check, 10.5 TTLs or more after their last
+	// try.
 	time.Sleep(9 * ttl)
 	for i, c := range clients {
-		if n := srv.Requests(c.ID()) - entry[i]; n != 0 {
-			t.Errorf("waiter %d sent %d requests after its entry, in 9 TTLs while the holders renewed", i, n)
+		n := srv.Requests(c.ID()) - entry[i]
+		if i != gate {
+			if n != 0 {
+				t.Errorf("waiter %d sent %d requests after its entry, in 9 TTLs while the holders renewed", i, n)
+			}
+			continue
+		}
+		// A renewal every TTL/3, the safeguard check's try of each slot,
+		// and a margin of 2.
+		t.Logf("waiter %d, holding the gate, sent %d requests in 9 TTLs", i, n)
+		if most := int64(9*3 + cfg.Limit + 2); n > most {
+			t.Errorf("waiter %d, holding the gate, sent %d requests in 9 TTLs; want its renewals of the gate, %d at most", i, n, most)
 		}
 	}
 	if n := srv.Requests(holderClients[0].ID()) - before; n < 18 {
@@ -538,16 +541,22 @@ func TestSemaphoreAcquireWaitsAndClose(t *testing.T) {
 }
 
 // A slot released while others wait goes to the one that waited longest,
-// whichever slot it is, and not to one that comes later: the holder of
-// slot 0 keeps the semaphore's queue and reserves each freed slot for its
-// first waiter.
+// whichever slot it is, and not to one that comes later: the waiters queue
+// on the semaphore's gate, and the one holding it takes the next slot
+// freed, then hands the gate on.
 func TestSemaphoreServesInOrder(t *testing.T) {
 	srv := startStore(t)
 	ctx := testCtx(t)
 	cfg := lock.SemaphoreConfig{Name: "s", Limit: 2, TTL: 5 * time.Second}
 	obs := dial(t, srv.Addr())
-	sem := func() *lock.Semaphore { return newSemaphore(t, dial(t, srv.Addr()), cfg) }
-	a, b, w1, w2, w3 := sem(), sem(), sem(), sem(), sem()
+	clients := map[*lock.Semaphore]*sskv.Client{}
+	sem := func() *lock.Semaphore {
+		c := dial(t, srv.Addr())
+		s := newSemaphore(t, c, cfg)
+		clients[s] = c
+		return s
+	}
+	a, b, x, w1, w2, w3 := sem(), sem(), sem(), sem(), sem(), sem()
 	acquire := func(s *lock.Semaphore) <-chan error {
 		ch := make(chan error, 1)
 		go func() { ch <- s.Acquire(ctx) }()
@@ -572,83 +581,94 @@ func TestSemaphoreServesInOrder(t *testing.T) {
 		default:
 		}
 	}
-	// joins returns a channel of the waiters that join h's queue.
-	joins := func(h *lock.Semaphore) <-chan string {
-		w, err := obs.Watch(ctx, lock.SemaphoreSlot("s", 0)+"\x00inbox\x00"+h.HolderID())
+	// A waiter joins the gate's queue in the inbox of the gate's holder,
+	// one of the participants.
+	joins := make(chan string, 64)
+	for s := range clients {
+		w, err := obs.Watch(ctx, "s\x00gate\x00inbox\x00"+s.HolderID())
 		if err != nil {
 			t.Fatal(err)
 		}
 		storetest.SkipInitial(t, w)
 		t.Cleanup(w.Stop)
-		ch := make(chan string, 16)
 		go func() {
 			for ev := range w.Events() {
-				if ev.Op == sskv.OpSet && len(ev.Value) > 0 && ev.Value[0] == '+' {
-					ch <- lock.ParseHolder(ev.Value[1:], ev.Version).ID
+				if ev.Op == sskv.OpSet && len(ev.Value) > 0 && (ev.Value[0] == '+' || ev.Value[0] == '*') {
+					joins <- lock.ParseHolder(ev.Value[1:], ev.Version).ID
 				}
 			}
 		}()
-		return ch
 	}
-	joined := func(ch <-chan string, s *lock.Semaphore) {
+	joined := func(s *lock.Semaphore) {
 		t.Helper()
 		for {
 			select {
-			case id := <-ch:
+			case id := <-joins:
 				if id == s.HolderID() {
 					return
 				}
 			case <-time.After(waitTimeout):
-				t.Fatalf("%s did not join the queue", s.HolderID())
+				t.Fatalf("%s did not join the gate's queue", s.HolderID())
 			}
 		}
 	}
+	atGate := func(s *lock.Semaphore, who string) {
+		t.Helper()
+		c := clients[s]
+		waitFor(t, who+" to hold the gate and watch the slots", func() bool {
+			return srv.Watching(c.ID(), lock.SemaphoreSlot("s", 0)) && srv.Watching(c.ID(), lock.SemaphoreSlot("s", 1))
+		})
+	}
 
-	// a and b hold both slots; w1 waits, and takes the slot a releases.
+	// a and b hold both slots; w1 holds the gate, and w2, then w3, queue
+	// on it. (w1 takes the gate from x, which leaves it: a Lock that takes
+	// its key free keeps no queue, and those joining it would race for it
+	// at its release: see queue.go.)
 	got(acquire(a), "a")
 	got(acquire(b), "b")
-	first, second := a, b
-	if a.Slot() != 0 {
-		first, second = b, a
-	}
-	q := joins(first)
+	xctx, xcancel := context.WithCancel(ctx)
+	cx := make(chan error, 1)
+	go func() { cx <- x.Acquire(xctx) }()
+	atGate(x, "x")
 	c1 := acquire(w1)
-	joined(q, w1)
-	if err := first.Release(ctx); err != nil {
+	joined(w1)
+	xcancel()
+	if err := <-cx; !errors.Is(err, context.Canceled) {
+		t.Fatalf("x: Acquire = %v; want it cancelled", err)
+	}
+	atGate(w1, "w1")
+	c2 := acquire(w2)
+	joined(w2)
+	c3 := acquire(w3)
+	joined(w3)
+	// The slot a releases goes to w1, and the gate to w2.
+	if err := a.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	got(c1, "w1")
-	if w1.Slot() != 0 {
-		t.Fatalf("w1 took slot %d; want slot 0, released", w1.Slot())
-	}
-	// w1 holds slot 0 and keeps the queue: w2, then w3, wait in it.
-	q = joins(w1)
-	c2 := acquire(w2)
-	joined(q, w2)
-	c3 := acquire(w3)
-	joined(q, w3)
-	// The other slot, released, goes to w2, the first waiter.
-	if err := second.Release(ctx); err != nil {
+	waiting(c2, "w2")
+	waiting(c3, "w3")
+	atGate(w2, "w2")
+	// The releaser, acquiring again at once, queues behind w3.
+	ca := acquire(a)
+	joined(a)
+	// The other slot, released, goes to w2.
+	if err := b.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	got(c2, "w2")
 	waiting(c3, "w3")
-	if w2.Slot() != 1 {
-		t.Fatalf("w2 took slot %d; want slot 1, released", w2.Slot())
-	}
-	// The releaser, acquiring again at once, goes behind w3: slot 0,
-	// released next, is w3's.
-	cb := acquire(second)
-	joined(q, second)
+	atGate(w3, "w3")
+	waiting(ca, "a")
 	if err := w1.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	got(c3, "w3")
-	waiting(cb, second.HolderID())
+	waiting(ca, "a")
 	if err := w2.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	got(cb, second.HolderID())
+	got(ca, "a")
 }
 
 // After a store restart, waiters do not take a slot until the holders'
@@ -684,7 +704,11 @@ func TestSemaphoreHoldsOffAfterStoreRestart(t *testing.T) {
 			err := w.Acquire(ctx)
 			got <- result{w, err, time.Now()}
 		}()
-		waitFor(t, "a waiter to watch slot 0", func() bool { return srv.Watching(c.ID(), lock.SemaphoreSlot("s", 0)) })
+		// The first holds the gate and watches the slots; the second
+		// waits for the gate, and watches its key.
+		waitFor(t, "a waiter to wait", func() bool {
+			return srv.Watching(c.ID(), lock.SemaphoreSlot("s", 0)) || srv.Watching(c.ID(), "s\x00gate")
+		})
 	}
 	proxy.Partition() // the holders stay away from the restarted store
 	down := time.Now()

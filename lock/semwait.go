@@ -4,369 +4,327 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
-	"sync"
+	"slices"
 	"time"
 
-	"github.com/dsslock/dsslock/hlc"
+	"golang.org/x/sync/errgroup"
+
 	"github.com/dsslock/dsslock/sskv"
 )
 
 // Waiting for a semaphore's slot.
 //
-// Every waiter of a semaphore waits in one queue, slot 0's, as a Lock's
-// waiters wait (see queue.go), so that they are served in the order they
-// came, whichever slot is released:
+// The waiters of a semaphore queue on its gate: a Lock of its own, on the
+// key name+gateSuffix, whose waiters are served in the order they came
+// (see queue.go). Only the participant holding the gate looks for a slot:
+// it watches the slots' keys (the first event of each watch is the key's
+// state), takes a slot it sees free with the slot Lock's TryLock, then
+// leaves the gate (Unlock), which goes to the next waiter. Apache
+// Curator's InterProcessSemaphoreV2 uses a mutex as a gate the same way.
+// The gate has FenceKey: its release reserves it for the first waiter, so
+// that nobody takes it in between, nor reads it free (Acquire tries the
+// slots at once when it finds nobody at the gate).
 //
-//   - Slot 0 goes to the first waiter by the queue's turn, as a Lock's key.
-//   - The other slots keep no queue: their holders release them with a
-//     plain VDEL. The holder of slot 0, which keeps the queue, watches them
-//     while anyone waits (the keeper). When one is freed, it reserves it for
-//     its first waiter (SET NX of the waiter's acquisition record, with the
-//     TTL), takes that waiter out of the queue and tells it (msgSlot). The
-//     waiter stops waiting for slot 0 and takes the reserved slot, as a
-//     Lock takes a key reserved for it. A reservation that no waiter takes
-//     (it left, or its process died) is deleted by the participant it was
-//     for, or expires, and the keeper offers the slot to the next.
-//   - A holder of slot 0 that keeps no queue (it took a free slot without
-//     waiting) does not confirm its waiters' joins. Those waiters watch the
-//     other slots themselves once a grace has passed without a
-//     confirmation, and take one that is freed, as a Lock's waiters take a
-//     key whose holder keeps no queue.
+// The gate holds nothing but the order. The slots are taken with their
+// Locks' SET NEX, so nothing that befalls the gate (a holder of it paused
+// or cut off, its lease lost, two holders of it after a store restart)
+// can put more than Limit holders in the slots. A participant that loses
+// the gate while it waits goes on waiting for a slot, beside the next
+// holder of the gate.
 //
-// So a waiter sends no request while the holders renew, and only the
-// keeper and the two waiters that watch slot 0's key get notifications of
-// renewals.
+// Costs: the waiters behind the gate send nothing while the holders renew,
+// as any Lock's waiters; the one holding the gate renews the gate (one
+// request per RenewInterval) and is told of the slots' renewals. While it
+// is paused, the others wait until its lease of the gate ends (TTL), even
+// if slots are freed meanwhile.
+//
+// Nobody takes a slot that someone may still believe they hold: a slot
+// found free is not tried within a TTL of a reconnect (TryLock holds off:
+// see Lock.holdOff), nor within a TTL of a Resync that found it missing
+// after it was seen held (it may have vanished unseen with a store restart
+// while its holder still counts on it), as Lock.wait reasons. A gate
+// holder held off after a reconnect while a slot is free leaves the gate
+// to the next waiters, whose connections may have had no outage, and
+// queues again once its hold-off has ended.
 
-// offer is a slot reserved for this participant by the keeper.
-type offer struct {
-	slot    int
-	version hlc.Timestamp
+// gateFree reports whether a read finds nobody at the gate.
+func (s *Semaphore) gateFree(ctx context.Context) bool {
+	res, err := s.c.Get(ctx, s.gate.Name())
+	return err == nil && !res.Found
 }
 
-// acquireQueued waits in slot 0's queue for a slot of n, as above. The
-// caller has the turn.
-func (s *Semaphore) acquireQueued(ctx context.Context, n int) error {
-	l0 := s.slots[0]
-	if n == 1 {
-		if err := l0.Lock(ctx); err != nil {
+// acquireGated takes a slot of n through the gate: it queues on the gate,
+// and holding it, takes the first slot it sees free. The caller has the
+// turn.
+func (s *Semaphore) acquireGated(ctx context.Context, n int) error {
+	defer func() { s.lastActive = time.Now() }()
+	for {
+		if err := s.gate.Lock(ctx); err != nil {
 			return err
 		}
-		s.setHolding(0, n)
-		return nil
+		j, err := s.waitSlot(ctx, n)
+		// On success too, at once: the next waiter's turn.
+		s.leaveGate(ctx)
+		var ho heldOff
+		if !errors.As(err, &ho) {
+			if err != nil {
+				return err
+			}
+			s.setHolding(j)
+			return nil
+		}
+		// A slot is free, but this participant's connection came after an
+		// outage, and it may take none until its hold-off ends (see
+		// Lock.holdOff): the next waiters, whose connections may have
+		// none, are not held up meanwhile. It queues again once its
+		// hold-off has ended.
+		s.log.Debug("held off after a reconnect; leaving the gate to the next waiter", "until", time.Time(ho))
+		t := time.NewTimer(time.Until(time.Time(ho)))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
 	}
-	offers := make(chan offer, 4)
-	s.omu.Lock()
-	s.offers = offers
-	s.omu.Unlock()
-	defer func() {
-		s.lastActive = time.Now()
-		s.omu.Lock()
-		s.offers = nil
-		s.omu.Unlock()
-		for {
-			select {
-			case o := <-offers:
-				s.decline(o)
-			default:
-				return
-			}
-		}
-	}()
-	cv, timer := s.newCover(n), stoppedTimer()
-	defer cv.stop()
+}
+
+// heldOff is waitSlot's error when it sees a slot free that its
+// participant may not take before then.
+type heldOff time.Time
+
+func (heldOff) Error() string { return "lock: held off after a reconnect" }
+
+// leaveGate releases the gate, whatever ctx says (for a TTL at most): a
+// gate left held would hold the next waiter up until it expired.
+func (s *Semaphore) leaveGate(ctx context.Context) {
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.TTL)
+	defer cancel()
+	if err := s.gate.Unlock(uctx); err != nil && !errors.Is(err, ErrNotHeld) {
+		s.log.Debug("could not release the gate; it expires after the TTL", "error", err)
+	}
+}
+
+// stops reports whether err, from an attempt on ctx, ends an acquisition
+// rather than being retried.
+func stops(ctx context.Context, err error) bool {
+	return ctx.Err() != nil || refused(err) || errors.Is(err, ErrClosed) || errors.Is(err, sskv.ErrClosed)
+}
+
+// waitSlot watches slots 0 to n-1 and takes one as soon as it is seen free,
+// and returns it. It tries none before its watch reports the slot free:
+// whoever comes to the gate has mostly found every slot held, and the
+// watches' first events tell which are free without a try of each. A slot
+// free while the participant is held off after a reconnect ends the wait
+// (heldOff). The caller has the turn and holds the gate.
+func (s *Semaphore) waitSlot(ctx context.Context, n int) (int, error) {
+	sw := &slotWatch{
+		sig:       make(chan struct{}, 1),
+		pending:   make([]bool, n),
+		seenHeld:  make([]bool, n),
+		notBefore: make([]time.Time, n),
+	}
+	defer sw.stop()
+	ttl := s.cfg.TTL
+	retry := newBackoff(max(ttl/100, time.Millisecond), max(ttl/4, time.Millisecond))
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
 	defer timer.Stop()
+	recheck := time.NewTimer(recheckAfter(ttl))
+	defer recheck.Stop()
+	watch := true
 	for {
-		wctx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- l0.Lock(wctx) }()
-		// stop ends the wait for slot 0; it reports whether slot 0 was
-		// taken all the same.
-		stop := func() bool {
-			cancel()
-			cv.stop()
-			return <-done == nil
+		if watch {
+			watch = false
+			// Its first events, the slots' states, mark the free ones.
+			if err := sw.start(ctx, s, n); err != nil {
+				if stops(ctx, err) {
+					return -1, err
+				}
+				s.log.Debug("cannot watch the slots; retrying", "error", err)
+				timer.Reset(retry.NextBackOff())
+			} else {
+				retry.Reset()
+			}
 		}
-	wait:
-		for {
-			select {
-			case err := <-done:
-				cancel()
-				if err != nil {
-					return err
-				}
-				s.setHolding(0, n)
-				return nil
-			case o := <-offers:
-				if o.slot >= n {
-					s.decline(o)
-					continue
-				}
-				if stop() {
-					s.decline(o)
-					s.setHolding(0, n)
-					return nil
-				}
-				ok, err := s.slots[o.slot].tryLock(ctx, o.version)
-				if ok {
-					s.setHolding(o.slot, n)
-					return nil
-				}
-				s.decline(o)
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				// The reservation is gone (it expired before this waiter
-				// came to it), or could not be taken yet: wait again.
-				s.log.Debug("a slot reserved for this participant was gone; waiting again", "slot", o.slot, "error", err)
-				break wait
-			case <-s.slots[0].sem.waitSig:
-			case <-cv.sig:
-			case <-timer.C:
+		if sw.ws != nil && sw.collect(ttl) {
+			// A watch ended (the service refused it after a reconnect):
+			// watch again.
+			s.log.Debug("a watch of the slots ended; watching again")
+			sw.stop()
+			timer.Reset(retry.NextBackOff())
+		}
+		if sw.ws != nil {
+			cn, err := s.c.Connection(ctx)
+			if err != nil {
+				return -1, err
 			}
-			pl := l0.queuePlace()
-			if !pl.waiting || pl.turn || !pl.joined || pl.acked {
-				// Not in the queue yet, or in it and served by the
-				// keeper, or slot 0 is released to it.
-				cv.stop()
-				continue
+			off := holdOff(cn, ttl)
+			due, next := sw.due(off)
+			if len(due) == 0 && time.Now().Before(off) && slices.Contains(sw.pending, true) {
+				return -1, heldOff(off)
 			}
-			// Joined, but not confirmed: after a grace, the holder of slot
-			// 0 keeps no queue, and this waiter watches the other slots.
-			// The grace is long enough for a confirmation delayed on a
-			// loaded machine: a waiter that takes another slot while its
-			// turn for slot 0 comes must hand that turn on, which costs
-			// more than the wait.
-			if wait := time.Until(pl.joinedAt.Add(l0.coverGrace())); wait > 0 {
-				timer.Reset(wait)
-				continue
-			}
-			if err := cv.start(ctx); err != nil {
-				s.log.Debug("cannot watch the other slots; waiting for slot 0 only", "error", err)
-				cv.stop()
-				continue
-			}
-			j, next := cv.tryFreed(ctx)
-			if j > 0 {
-				if stop() {
-					// Slot 0 came too: hand it to the next waiter.
-					uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.TTL)
-					if err := l0.Unlock(uctx); err != nil {
-						s.log.Debug("could not release slot 0, taken with another", "error", err)
+			again := false
+			for _, j := range due {
+				ok, err := sw.try(ctx, s.slots[j], j)
+				switch {
+				case ok:
+					return j, nil
+				case err != nil && stops(ctx, err):
+					return -1, err
+				case err != nil:
+					// A timeout or a lost connection: try it again soon.
+					s.log.Debug("could not try a free slot; retrying", "slot", j, "error", err)
+					sw.retry(j, time.Now().Add(s.slots[j].queueGrace()))
+					again = true
+				default:
+					// Held: its release or expiry will tell. Or held off
+					// by a reconnect since cn, which tells nothing if the
+					// slot stayed free: look again after the hold-off.
+					if cn2, err := s.c.Connection(ctx); err == nil && cn2 != cn {
+						if off := holdOff(cn2, ttl); time.Now().Before(off) {
+							sw.retry(j, off)
+							again = true
+						}
 					}
-					ucancel()
 				}
-				s.setHolding(j, n)
-				return nil
+			}
+			if again {
+				continue
 			}
 			if !next.IsZero() {
 				timer.Reset(time.Until(next))
 			}
 		}
-	}
-}
-
-// offered takes an offer from the keeper: to the acquisition under way, if
-// any, else declined.
-func (s *Semaphore) offered(slot int, version hlc.Timestamp) {
-	o := offer{slot, version}
-	s.omu.Lock()
-	if s.offers != nil {
-		select {
-		case s.offers <- o:
-			s.omu.Unlock()
-			return
-		default:
-		}
-	}
-	s.omu.Unlock()
-	s.decline(o)
-}
-
-// decline deletes a reservation of a slot for this participant, which it
-// does not take.
-func (s *Semaphore) decline(o offer) {
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.TTL)
-	defer cancel()
-	if l := s.slotLock(o.slot); l != nil {
-		// With the slot Lock's turn: the offer may have come late, its
-		// reservation expired, and this participant may be taking the slot
-		// itself, with the same record (see Lock.withTurn).
-		l.withTurn(ctx, func() { s.dropOffered(ctx, o) })
-		return
-	}
-	s.dropOffered(ctx, o) // a slot beyond the limit: this participant never tries it
-}
-
-// dropOffered deletes the reservation of an offer that is declined.
-func (s *Semaphore) dropOffered(ctx context.Context, o offer) {
-	key := SemaphoreSlot(s.cfg.Name, o.slot)
-	// A reservation is fenced (see reserve): the VDEL carries the
-	// reservation's version, newer than the reservation's token. The
-	// record it names is the one of an acquisition under way, never a
-	// holder's. This participant's own attempts on the slot cannot write
-	// it while the reservation lasts; once it has expired (a late offer),
-	// they can, and the caller's turn of the slot's Lock keeps the VDEL
-	// out of their two-SET window.
-	if _, err := s.c.VDel(ctx, key, s.slots0Record(), sskv.DelOptions{FencingToken: o.version}); err != nil {
-		s.log.Debug("could not delete a reservation of a slot; it expires after the TTL", "slot", o.slot, "error", err)
-	}
-}
-
-// keep serves the semaphore's queue while this participant holds slot 0
-// of n: it offers the other slots to the first waiter as they are freed.
-// It returns when ctx ends.
-func (s *Semaphore) keep(ctx context.Context, n int) {
-	l0 := s.slots[0]
-	cv, timer := s.newCover(n), stoppedTimer()
-	defer cv.stop()
-	defer timer.Stop()
-	for {
-		if _, ok := l0.firstWaiter(); !ok {
-			cv.stop() // nobody waits: nothing to watch for
-		} else if err := cv.start(ctx); err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			s.log.Debug("cannot watch the other slots; the queue waits for slot 0", "error", err)
-			cv.stop()
-			timer.Reset(l0.queueGrace())
-		} else if next := cv.offerFreed(ctx, l0); !next.IsZero() {
-			timer.Reset(time.Until(next))
-		}
 		select {
 		case <-ctx.Done():
-			return
-		case <-l0.sem.keepSig:
-		case <-cv.sig:
+			return -1, ctx.Err()
+		case <-sw.sig:
 		case <-timer.C:
+			watch = sw.ws == nil
+		case <-recheck.C:
+			// The safeguard: a notification lost unseen cannot keep the
+			// slots from this waiter for longer.
+			for j := range sw.pending {
+				sw.pending[j] = true
+			}
+			recheck.Reset(recheckAfter(ttl))
 		}
 	}
 }
 
-// cover is a watch of slots 1 to n-1, by the keeper or by a waiter whose
-// holder keeps no queue.
-type cover struct {
-	s   *Semaphore
-	n   int
-	sig chan struct{} // capacity 1: a slot changed
+// slotWatch is the gate holder's watch of the slots, owned by waitSlot:
+// a callback watch of each slot, whose events queue in a waitBox as a
+// racing waiter's do, so that the holding of a slot taken goes on with
+// the slot's watch (see holding.guard).
+type slotWatch struct {
+	sig chan struct{} // capacity 1: a watch has news
 
-	ws []*sskv.Watcher // while watching; the watches of slots 1 to n-1
+	ws    []*sskv.Watcher // nil while not watching; ws[j] nil once a holding took it over
+	boxes []*waitBox
 
-	mu        sync.Mutex
-	ended     bool        // a watch ended: set them up again
-	pending   []bool      // the slot was freed (or never looked at): try it
-	notBefore []time.Time // no attempt before: its key may be held in someone's belief
-	seenHeld  []bool
+	pending   []bool      // seen free: try it
+	seenHeld  []bool      // seen held, since the wait began
+	notBefore []time.Time // no attempt before: the slot may be held in someone's belief
 }
 
-func (s *Semaphore) newCover(n int) *cover {
-	return &cover{s: s, n: n, sig: make(chan struct{}, 1)}
-}
-
-// stoppedTimer returns a timer that has not been started.
-func stoppedTimer() *time.Timer {
-	t := time.NewTimer(time.Hour)
-	t.Stop()
-	return t
-}
-
-func (cv *cover) signal() {
+func (sw *slotWatch) signal() {
 	select {
-	case cv.sig <- struct{}{}:
+	case sw.sig <- struct{}{}:
 	default:
 	}
 }
 
-// start watches the slots, unless it does. Each watch's first event, the
-// slot's state, marks a free slot to be tried: one freed before the watch
-// would send nothing.
-func (cv *cover) start(ctx context.Context) error {
-	cv.mu.Lock()
-	ended := cv.ended
-	cv.mu.Unlock()
-	if ended {
-		cv.stop()
+// start watches slots 0 to n-1 of s. ctx bounds only the registrations:
+// a holding that takes a slot goes on with its watch.
+func (sw *slotWatch) start(ctx context.Context, s *Semaphore, n int) error {
+	ws := make([]*sskv.Watcher, n)
+	boxes := make([]*waitBox, n)
+	var g errgroup.Group
+	g.SetLimit(32) // a semaphore may have up to maxSemaphoreLimit slots
+	for j := range n {
+		box := newWaitBox()
+		boxes[j] = box
+		g.Go(func() error {
+			w, err := s.c.Watch(ctx, SemaphoreSlot(s.cfg.Name, j), sskv.WithCallback(
+				func(ev sskv.Event) { box.event(ev); sw.signal() },
+				func(err error) { box.done(err); sw.signal() }), sskv.Detached())
+			ws[j] = w
+			return err
+		})
 	}
-	if cv.ws != nil {
-		return nil
-	}
-	cv.mu.Lock()
-	cv.ended = false
-	cv.pending = make([]bool, cv.n)
-	cv.notBefore = make([]time.Time, cv.n)
-	cv.seenHeld = make([]bool, cv.n)
-	cv.mu.Unlock()
-	ws := make([]*sskv.Watcher, 0, cv.n-1)
-	for j := 1; j < cv.n; j++ {
-		w, err := cv.s.c.Watch(ctx, SemaphoreSlot(cv.s.cfg.Name, j), sskv.WithCallback(
-			func(ev sskv.Event) { cv.onEvent(j, ev) },
-			func(error) {
-				cv.mu.Lock()
-				cv.ended = true
-				cv.mu.Unlock()
-				cv.signal()
-			}))
-		if err != nil {
-			for _, w := range ws {
+	if err := g.Wait(); err != nil {
+		for _, w := range ws {
+			if w != nil {
 				w.Stop()
 			}
-			return err
 		}
-		ws = append(ws, w)
+		return err
 	}
-	cv.ws = ws
+	sw.ws, sw.boxes = ws, boxes
 	return nil
 }
 
-// stop ends the watches.
-func (cv *cover) stop() {
-	ws := cv.ws
-	cv.ws = nil
-	for _, w := range ws {
-		w.Stop()
+// stop ends the watches but those a holding took over.
+func (sw *slotWatch) stop() {
+	for _, w := range sw.ws {
+		if w != nil {
+			w.Stop()
+		}
 	}
+	sw.ws, sw.boxes = nil, nil
 }
 
-func (cv *cover) onEvent(j int, ev sskv.Event) {
-	cv.mu.Lock()
-	defer cv.mu.Unlock()
-	if cv.pending == nil {
-		return
+// collect takes what the watches told, and reports whether one ended. A
+// slot found missing by a Resync (or by a watch started again) after it was
+// seen held may have vanished unseen while its holder still counts on it:
+// it is not tried for a TTL.
+func (sw *slotWatch) collect(ttl time.Duration) (ended bool) {
+	for j, b := range sw.boxes {
+		evs, end, _ := b.take()
+		ended = ended || end
+		for _, ev := range evs {
+			if ev.Op == sskv.OpSet {
+				sw.pending[j], sw.seenHeld[j] = false, true
+				continue
+			}
+			sw.pending[j] = true
+			if (ev.Resync || ev.Initial) && sw.seenHeld[j] {
+				sw.notBefore[j] = time.Now().Add(ttl)
+			}
+		}
 	}
-	if ev.Op == sskv.OpSet {
-		cv.pending[j], cv.seenHeld[j] = false, true
-		return
-	}
-	cv.pending[j] = true
-	if ev.Resync && cv.seenHeld[j] {
-		// Found missing after notifications were lost: it may have
-		// vanished unseen (a store restart) while its holder still counts
-		// on it, as Lock.wait reasons.
-		cv.notBefore[j] = time.Now().Add(cv.s.cfg.TTL)
-	}
-	cv.signal()
+	return ended
 }
 
-// due returns the slots to try now, clearing their marks, the connection
-// whose hold-off (see Lock.holdOff) they were checked against, and when the
-// next one is due (zero: at the next change). Without a connection (ctx
-// ended, or the client closed), none is due.
-func (cv *cover) due(ctx context.Context) (slots []int, cn *sskv.Conn, next time.Time) {
-	cn, err := cv.s.c.Connection(ctx)
-	if err != nil {
-		return nil, nil, time.Time{}
+// try is slot Lock l's TryLock (without its read of a held key) of slot j,
+// with j's watch for the holding to go on with (as racer.attempt hands a
+// racing waiter's): a new watch of the key would share the registration of
+// j's, and start from the latest state this client was told, which may not
+// show the acquisition yet.
+func (sw *slotWatch) try(ctx context.Context, l *Lock, j int) (bool, error) {
+	l.watch = waitWatch{w: sw.ws[j], box: sw.boxes[j]}
+	ok, err := l.tryLock(ctx)
+	if l.watch.w == nil {
+		sw.ws[j] = nil // taken over
 	}
-	holdOff := cv.s.slots[0].holdOff(cn)
+	l.watch = waitWatch{}
+	return ok, err
+}
+
+// due returns the slots to try now, from a random one, clearing their
+// marks, and when the next one is due (zero: at the next change). No slot
+// is due before holdOff.
+func (sw *slotWatch) due(holdOff time.Time) (slots []int, next time.Time) {
 	now := time.Now()
-	cv.mu.Lock()
-	defer cv.mu.Unlock()
-	off := rand.N(cv.n - 1)
-	for k := range cv.n - 1 {
-		j := 1 + (off+k)%(cv.n-1)
-		if !cv.pending[j] {
+	n := len(sw.pending)
+	off := rand.N(n)
+	for k := range n {
+		j := (off + k) % n
+		if !sw.pending[j] {
 			continue
 		}
-		at := cv.notBefore[j]
+		at := sw.notBefore[j]
 		if holdOff.After(at) {
 			at = holdOff
 		}
@@ -376,115 +334,16 @@ func (cv *cover) due(ctx context.Context) (slots []int, cn *sskv.Conn, next time
 			}
 			continue
 		}
-		cv.pending[j] = false
+		sw.pending[j] = false
 		slots = append(slots, j)
 	}
-	return slots, cn, next
+	return slots, next
 }
 
 // retry marks slot j to be tried again at t.
-func (cv *cover) retry(j int, t time.Time) {
-	cv.mu.Lock()
-	defer cv.mu.Unlock()
-	cv.pending[j] = true
-	if t.After(cv.notBefore[j]) {
-		cv.notBefore[j] = t
+func (sw *slotWatch) retry(j int, t time.Time) {
+	sw.pending[j] = true
+	if t.After(sw.notBefore[j]) {
+		sw.notBefore[j] = t
 	}
-	cv.signal()
-}
-
-// tryFreed tries the slots that are due with TryLock, and returns the one
-// it took, or 0 and when to look again (zero: at the next change).
-func (cv *cover) tryFreed(ctx context.Context) (int, time.Time) {
-	slots, _, next := cv.due(ctx) // TryLock checks its own connection's hold-off
-	for _, j := range slots {
-		l := cv.s.slots[j]
-		ok, err := l.tryLock(ctx, hlc.Timestamp{}) // TryLock without its read of a held key
-		if ok {
-			return j, time.Time{}
-		}
-		if err != nil && ctx.Err() == nil && !errors.Is(err, ErrClosed) && !refused(err) {
-			cv.retry(j, time.Now().Add(l.queueGrace())) // a timeout or a lost connection
-		}
-	}
-	return 0, next
-}
-
-// offerFreed reserves each slot that is due for the first waiter of l0's
-// queue, and tells that waiter, until the slots or the waiters run out. It
-// returns when to look again (zero: at the next change).
-func (cv *cover) offerFreed(ctx context.Context, l0 *Lock) time.Time {
-	slots, cn, next := cv.due(ctx)
-	for i, j := range slots {
-		first, ok := l0.firstWaiter()
-		if !ok {
-			for _, j := range slots[i:] {
-				cv.retry(j, time.Time{})
-			}
-			break
-		}
-		if err := cv.s.reserve(ctx, cn, l0, j, first); err != nil {
-			if ctx.Err() != nil {
-				break
-			}
-			cv.s.log.Debug("could not reserve a slot for the first waiter", "slot", j, "error", err)
-			cv.retry(j, time.Now().Add(l0.queueGrace()))
-		}
-	}
-	return next
-}
-
-// reserve reserves slot j for the waiter first, if it is free, takes first
-// out of l0's queue and tells it. Once begun, it goes on past ctx's end
-// (for a TTL at most): a SET whose answer was not awaited may have
-// reserved the slot, for a waiter nobody would tell.
-//
-// The reservation goes out on cn, the connection whose hold-off found the
-// slot due (see cover.due), or not at all: sent on a later connection,
-// after a store restart, it could reserve a slot that vanished while its
-// holder still counts on it, and the waiter takes a slot reserved for it
-// without a hold-off of its own (see Lock.reservedOn).
-func (s *Semaphore) reserve(ctx context.Context, cn *sskv.Conn, l0 *Lock, j int, first entry) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.TTL)
-	defer cancel()
-	key := SemaphoreSlot(s.cfg.Name, j)
-	// The reservation is fenced, with this holder's token of slot 0: the
-	// waiter's own attempts on the slot (a TryAcquire after it stopped
-	// waiting, say) write the very record reserved for it, and so would
-	// take the reservation unfenced, and the unfenced VDEL that gives an
-	// untaken reservation back could then delete the key between the two
-	// SETs of such an acquisition, for a third participant to take it too.
-	// Fenced, only the waiter's take of the offer (fenced with the
-	// reservation's version, which is newer) can take it, and a give-back
-	// fenced with the older token is refused once it has.
-	ft := l0.Token()
-	if ft.IsZero() {
-		return errors.New("this participant does not hold slot 0")
-	}
-	res, err := cn.Set(ctx, key, first.rec, sskv.SetOptions{Condition: sskv.IfNotExists, Expiry: s.cfg.TTL, FencingToken: ft})
-	if err != nil || !res.Applied {
-		return err // held: its release or expiry will tell
-	}
-	// If the waiter left meanwhile, or this participant is releasing slot 0
-	// and hands the queue on, it is told all the same: it takes the slot
-	// if it still waits, or else declines the offer and so deletes the
-	// reservation, with its slot Lock's turn (see decline). A VDEL from
-	// here could not be ordered with the waiter's own attempts on the
-	// slot: sent on a path that froze, it could reach the store after the
-	// reservation expired and the waiter's own acquisition had recreated
-	// the key with the same record, without a token yet, and delete it
-	// between that acquisition's two SETs.
-	served := l0.served(first.id)
-	if _, err := s.c.Set(ctx, l0.inbox(first.id), offerBody(j, res.Version), l0.msgOptions()); err != nil {
-		// Not told: the reservation expires after the TTL, and the slot
-		// goes to the next waiter then.
-		return err
-	}
-	if !served {
-		return errors.New("the first waiter is no longer this holder's; it was told, to take the slot or give it back")
-	}
-	return nil
 }

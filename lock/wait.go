@@ -428,11 +428,9 @@ func holdOff(cn *sskv.Conn, ttl time.Duration) time.Time {
 // vanished with a store restart while its holder still counts on it. A key
 // that holds the reservation has not vanished from the store cn reaches (a
 // restart after the read would end cn, and the SET with it). Whoever wrote
-// the reservation either held the key until then, as a holding that was
-// never lost, and so nobody else held it meanwhile, and it has handed the
-// key on (a release); or found the key free where nobody could count on it
-// (a Semaphore's keeper, after the hold-offs a waiter keeps). Nobody counts
-// on the key but this Lock. A reservation this Lock has only heard of (a
+// the reservation held the key until then, as a holding that was never
+// lost, and so nobody else held it meanwhile, and it has handed the key on
+// (a release). Nobody counts on the key but this Lock. A reservation this Lock has only heard of (a
 // turn's version) is not enough: it may have expired, and the key been
 // taken, and lost with a restart, since.
 func (l *Lock) reservedOn(ctx context.Context, cn *sskv.Conn) (hlc.Timestamp, bool) {
@@ -634,7 +632,6 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 			// reconnect): set them up again, and join again.
 			if l.q == q {
 				l.q = nil
-				l.qv.Store(nil)
 			}
 			if q, err = l.engage(ctx); err != nil {
 				return unknown, err
@@ -712,7 +709,7 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 				// gone. Join the new holder.
 				q.joined("", false)
 				continue
-			case st.join && st.forward != "" && l.sem == nil:
+			case st.join && st.forward != "":
 				// Locking again after handing the lock over: join the
 				// Lock it went to, which keeps the queue.
 				// Recorded before the join goes out: the holder's answer
