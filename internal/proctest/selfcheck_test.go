@@ -20,7 +20,7 @@ func TestBrokenCandidateFails(t *testing.T) {
 	// Seed 3 leaves more than a TTL between restarts: candidates hold off a
 	// TTL after each, so denser restarts never let a second leader in.
 	cfg := config{seed: 3, faultTime: 10 * time.Second, ttl: time.Second, restarts: true, broken: true}
-	res := execute(t, cfg)
+	res := execute(t, cfg, nil)
 	rep := res.check()
 	rep.log(t, res)
 	if rep.restarts == 0 {
@@ -66,7 +66,7 @@ func TestOverlaps(t *testing.T) {
 	restarts := []span{{ms(3100), ms(3200)}}
 
 	var got []string
-	for _, o := range findOverlaps([]*candidate{a, b, c, d, e, f, g}, restarts) {
+	for _, o := range findOverlaps([]*candidate{a, b, c, d, e, f, g}, restarts, false) {
 		got = append(got, o.describe(0))
 	}
 	want := []string{

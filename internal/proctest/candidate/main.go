@@ -1,17 +1,32 @@
 // Command candidate is one candidate of the process-level safety test
 // (package internal/proctest), which builds and runs it; it is for nothing
-// else. It campaigns with leader.Elector on a state store and, while it
-// leads, increments one counter key with fenced read-modify-writes, about
-// every -pace, each read and write with its own -op-timeout deadline.
+// else. What it holds depends on -mode:
+//
+//   - election (the default): it campaigns with leader.Elector and, while it
+//     leads, increments the counter key proctest/counter;
+//   - semaphore: it loops over lock.Semaphore's Acquire (the semaphore
+//     proctest/sem of -limit slots), a holding of random length (-hold/2 to
+//     3/2 -hold) and Release; while it holds slot i, it increments the
+//     counter key of the slot, proctest/sem/counter/i (tokens of different
+//     slots are not ordered, so each slot fences a key of its own);
+//   - group: it is a member of the leader.Group proctest/group of -elections
+//     elections, proctest/group/e0 to e<n-1>, and, while it leads election
+//     e, increments the counter key e + "/counter".
+//
+// Each increment is a fenced read-modify-write (fenced with the term or the
+// semaphore's holding), about every -pace, each read and write with its own
+// -op-timeout deadline.
 //
 // It writes one JSON line per event to standard output, each with the wall
 // clock in nanoseconds (field "t"), as a single write so that a kill -9
-// never leaves half a line:
+// never leaves half a line. "res" names what the work holds: "" for the
+// election, "slot i" for slot i of the semaphore, the election's key in a
+// group; "key" is the counter key.
 //
-//	{"t":…,"ev":"work_start","token":"…"}   the work of a term began
-//	{"t":…,"ev":"work_end","token":"…"}     it returned
-//	{"t":…,"ev":"inc","token":"…","read_ns":…,"write_ns":…,"read":41,"wrote":42,"version":"…","outcome":"ok"}
-//	{"t":…,"ev":"read_error","token":"…","err":"…"}
+//	{"t":…,"ev":"work_start","res":"…","token":"…"}   a term's (a holding's) work began
+//	{"t":…,"ev":"work_end","res":"…","token":"…"}     it returned
+//	{"t":…,"ev":"inc","res":"…","key":"…","token":"…","read_ns":…,"write_ns":…,"read":41,"wrote":42,"version":"…","outcome":"ok"}
+//	{"t":…,"ev":"read_error","res":"…","token":"…","err":"…"}
 //
 // An increment's read was sent at read_ns, its write at write_ns, and t is
 // when the write's answer (or error) came. Its outcome is "ok" (the store
@@ -20,7 +35,8 @@
 // connection: it may or may not have been applied).
 //
 // SIGTERM or SIGINT stops it cleanly: the work returns, the term is resigned
-// and the process exits 0.
+// (the slot released, the group left) and the process exits 0. An error of
+// the election, the group or the semaphore's Acquire ends it with status 1.
 package main
 
 import (
@@ -41,6 +57,7 @@ import (
 
 	"github.com/dsslock/dsslock/fenced"
 	"github.com/dsslock/dsslock/leader"
+	"github.com/dsslock/dsslock/lock"
 	"github.com/dsslock/dsslock/sskv"
 )
 
@@ -48,7 +65,15 @@ import (
 const (
 	electionKey = "proctest/leader"
 	counterKey  = "proctest/counter"
+	semName     = "proctest/sem"
+	groupName   = "proctest/group"
 )
+
+// semCounter is the counter key of slot i of the semaphore.
+func semCounter(i int) string { return fmt.Sprintf("%s/counter/%d", semName, i) }
+
+// groupElection is the key of election i of the group.
+func groupElection(i int) string { return fmt.Sprintf("%s/e%d", groupName, i) }
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -68,6 +93,10 @@ func run(ctx context.Context, args []string) error {
 	ttl := fs.Duration("ttl", time.Second, "the lease of a term")
 	pace := fs.Duration("pace", 25*time.Millisecond, "the mean pause between two increments (each from half to 3/2 of it)")
 	opTimeout := fs.Duration("op-timeout", 300*time.Millisecond, "the deadline of each read and write of the counter")
+	mode := fs.String("mode", "election", "what to hold: `election`, semaphore or group")
+	limit := fs.Int("limit", 2, "the semaphore's limit (-mode semaphore)")
+	hold := fs.Duration("hold", 200*time.Millisecond, "the mean length of a holding of the semaphore, from half to 3/2 of it (-mode semaphore)")
+	elections := fs.Int("elections", 6, "the group's number of elections (-mode group)")
 	// Hidden, for the test of the checks only: the work ignores the end of
 	// its term and writes without the term's token.
 	broken := fs.Bool("broken", false, "")
@@ -88,8 +117,14 @@ func run(ctx context.Context, args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	if *mode != "election" && *mode != "semaphore" && *mode != "group" {
+		return fmt.Errorf("-mode %q: want election, semaphore or group", *mode)
+	}
+	if *broken && *mode != "election" {
+		return errors.New("-broken needs -mode election")
+	}
 
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("id", *id)
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("id", *id, "mode", *mode)
 	c, err := sskv.Dial(ctx, sskv.Config{Addr: *addr, Logger: log,
 		ReconnectMin: 20 * time.Millisecond, ReconnectMax: 250 * time.Millisecond})
 	if err != nil {
@@ -100,26 +135,97 @@ func run(ctx context.Context, args []string) error {
 	}
 	defer c.Close()
 
-	e, err := leader.NewElector(c, electionKey, []byte(*id), leader.WithTTL(*ttl), leader.WithLogger(log))
+	out := &emitter{w: os.Stdout}
+	switch *mode {
+	case "semaphore":
+		err = semaphore(ctx, c, log, *id, *ttl, *limit, *hold, *pace, *opTimeout, out)
+	case "group":
+		err = group(ctx, c, log, *id, *ttl, *elections, *pace, *opTimeout, out)
+	default:
+		err = election(ctx, c, log, *id, *ttl, *broken, *pace, *opTimeout, out)
+	}
+	if ctx.Err() != nil {
+		return nil // stopped, and resigned (released, left)
+	}
+	return err
+}
+
+// election campaigns with leader.Elector and works while it leads, until
+// ctx ends.
+func election(ctx context.Context, c *sskv.Client, log *slog.Logger, id string, ttl time.Duration, broken bool, pace, opTimeout time.Duration, out *emitter) error {
+	e, err := leader.NewElector(c, electionKey, []byte(id), leader.WithTTL(ttl), leader.WithLogger(log))
 	if err != nil {
 		return err
 	}
-	out := &emitter{w: os.Stdout}
 	err = e.Run(ctx, func(wctx context.Context, t *leader.Term) error {
 		token := t.Token().String()
 		out.emit(event{Ev: "work_start", Token: token})
 		defer out.emit(event{Ev: "work_end", Token: token})
 		var w setter = fenced.New(c, t)
-		if *broken {
+		if broken {
 			wctx, w = ctx, c // stops with the process only, writes unfenced
 		}
-		work(wctx, c, w, token, *pace, *opTimeout, out)
+		work(wctx, c, w, "", counterKey, token, pace, opTimeout, out)
 		return nil
 	})
-	if ctx.Err() != nil {
-		return nil // stopped, and resigned
-	}
 	return fmt.Errorf("elector: %w", err)
+}
+
+// semaphore acquires the semaphore, works for a holding of random length
+// (hold/2 to 3/2 hold, or until the holding is lost) and releases it, over
+// and over until ctx ends.
+func semaphore(ctx context.Context, c *sskv.Client, log *slog.Logger, id string, ttl time.Duration, limit int, hold, pace, opTimeout time.Duration, out *emitter) error {
+	s, err := lock.NewSemaphore(c, lock.SemaphoreConfig{Name: semName, Limit: limit, HolderID: id, TTL: ttl, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = s.Close(cctx)
+	}()
+	w := fenced.New(c, s)
+	for ctx.Err() == nil {
+		if err := s.Acquire(ctx); err != nil {
+			return fmt.Errorf("semaphore: acquire: %w", err)
+		}
+		slot, token := s.Slot(), s.Token().String()
+		res := fmt.Sprintf("slot %d", slot)
+		out.emit(event{Ev: "work_start", Res: res, Token: token})
+		wctx, cancel := context.WithTimeout(s.Context(), hold/2+rand.N(hold))
+		work(wctx, c, w, res, semCounter(slot), token, pace, opTimeout, out)
+		cancel()
+		out.emit(event{Ev: "work_end", Res: res, Token: token})
+		// Not ctx: a stopping candidate releases too.
+		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		if err := s.Release(rctx); err != nil {
+			log.Info("release", "slot", slot, "err", err)
+		}
+		cancel()
+	}
+	return nil
+}
+
+// group runs a member of the group, working in each election it leads,
+// until ctx ends.
+func group(ctx context.Context, c *sskv.Client, log *slog.Logger, id string, ttl time.Duration, n int, pace, opTimeout time.Duration, out *emitter) error {
+	elections := make([]string, n)
+	for i := range elections {
+		elections[i] = groupElection(i)
+	}
+	g, err := leader.NewGroup(c, groupName, elections, []byte(id),
+		leader.WithTTL(ttl), leader.WithCandidateID(id), leader.WithLogger(log))
+	if err != nil {
+		return err
+	}
+	err = g.Run(ctx, func(wctx context.Context, t *leader.Term) error {
+		res, token := t.Election(), t.Token().String()
+		out.emit(event{Ev: "work_start", Res: res, Token: token})
+		defer out.emit(event{Ev: "work_end", Res: res, Token: token})
+		work(wctx, c, fenced.New(c, t), res, res+"/counter", token, pace, opTimeout, out)
+		return nil
+	})
+	return fmt.Errorf("group: %w", err)
 }
 
 // setter writes the counter: a fenced.Writer, or the bare client.
@@ -131,10 +237,10 @@ type setter interface {
 // are random, from pace/2 to 3/2 pace, so that two candidates that write at
 // once (broken ones) do not keep their read-modify-writes in or out of step
 // for a whole run, and faults hit every part of the cycle.
-func work(ctx context.Context, c *sskv.Client, w setter, token string, pace, timeout time.Duration, out *emitter) {
+func work(ctx context.Context, c *sskv.Client, w setter, res, key, token string, pace, timeout time.Duration, out *emitter) {
 	for ctx.Err() == nil {
-		ev := increment(ctx, c, w, timeout)
-		ev.Token = token
+		ev := increment(ctx, c, w, key, timeout)
+		ev.Res, ev.Token = res, token
 		out.emit(ev)
 		select {
 		case <-ctx.Done():
@@ -143,12 +249,12 @@ func work(ctx context.Context, c *sskv.Client, w setter, token string, pace, tim
 	}
 }
 
-// increment reads the counter and writes it back plus one, each request
+// increment reads the counter key and writes it back plus one, each request
 // with its own deadline, and returns the event that records it.
-func increment(ctx context.Context, c *sskv.Client, w setter, timeout time.Duration) event {
-	ev := event{Ev: "inc", ReadNs: time.Now().UnixNano()}
+func increment(ctx context.Context, c *sskv.Client, w setter, key string, timeout time.Duration) event {
+	ev := event{Ev: "inc", Key: key, ReadNs: time.Now().UnixNano()}
 	rctx, cancel := context.WithTimeout(ctx, timeout)
-	cur, err := c.Get(rctx, counterKey)
+	cur, err := c.Get(rctx, key)
 	cancel()
 	if err == nil && cur.Found {
 		ev.Read, err = strconv.ParseInt(string(cur.Value), 10, 64)
@@ -159,7 +265,7 @@ func increment(ctx context.Context, c *sskv.Client, w setter, timeout time.Durat
 	ev.Wrote = ev.Read + 1
 	ev.WriteNs = time.Now().UnixNano()
 	wctx, cancel := context.WithTimeout(ctx, timeout)
-	res, err := w.Set(wctx, counterKey, strconv.AppendInt(nil, ev.Wrote, 10), sskv.SetOptions{})
+	res, err := w.Set(wctx, key, strconv.AppendInt(nil, ev.Wrote, 10), sskv.SetOptions{})
 	cancel()
 	ev.T = time.Now().UnixNano()
 	switch {
@@ -177,6 +283,8 @@ func increment(ctx context.Context, c *sskv.Client, w setter, timeout time.Durat
 type event struct {
 	T       int64  `json:"t"`
 	Ev      string `json:"ev"`
+	Res     string `json:"res,omitempty"`
+	Key     string `json:"key,omitempty"`
 	Token   string `json:"token,omitempty"`
 	ReadNs  int64  `json:"read_ns,omitempty"`
 	WriteNs int64  `json:"write_ns,omitempty"`
