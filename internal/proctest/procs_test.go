@@ -258,6 +258,9 @@ func (r *run) startCandidate(slot int) error {
 	if r.cfg.broken {
 		args = append(args, "-broken")
 	}
+	if os.Getenv("DSSLOCK_PROCTEST_DEBUG") != "" {
+		args = append(args, "-debug")
+	}
 	switch r.cfg.mode {
 	case "semaphore":
 		args = append(args, "-mode", r.cfg.mode, "-limit", strconv.Itoa(r.cfg.limit))

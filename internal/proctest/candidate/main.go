@@ -97,6 +97,7 @@ func run(ctx context.Context, args []string) error {
 	limit := fs.Int("limit", 2, "the semaphore's limit (-mode semaphore)")
 	hold := fs.Duration("hold", 200*time.Millisecond, "the mean length of a holding of the semaphore, from half to 3/2 of it (-mode semaphore)")
 	elections := fs.Int("elections", 6, "the group's number of elections (-mode group)")
+	debug := fs.Bool("debug", false, "log at level debug (to standard error)")
 	// Hidden, for the test of the checks only: the work ignores the end of
 	// its term and writes without the term's token.
 	broken := fs.Bool("broken", false, "")
@@ -124,7 +125,11 @@ func run(ctx context.Context, args []string) error {
 		return errors.New("-broken needs -mode election")
 	}
 
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("id", *id, "mode", *mode)
+	level := slog.LevelInfo
+	if *debug {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("id", *id, "mode", *mode)
 	c, err := sskv.Dial(ctx, sskv.Config{Addr: *addr, Logger: log,
 		ReconnectMin: 20 * time.Millisecond, ReconnectMax: 250 * time.Millisecond})
 	if err != nil {
