@@ -140,14 +140,15 @@ func run(ctx context.Context, args []string) error {
 	}
 	defer c.Close()
 
-	out := &emitter{w: os.Stdout}
+	p := params{c: c, log: log, out: &emitter{w: os.Stdout}, id: *id, ttl: *ttl, pace: *pace, opTimeout: *opTimeout,
+		limit: *limit, hold: *hold, elections: *elections, broken: *broken}
 	switch *mode {
 	case "semaphore":
-		err = semaphore(ctx, c, log, *id, *ttl, *limit, *hold, *pace, *opTimeout, out)
+		err = semaphore(ctx, p)
 	case "group":
-		err = group(ctx, c, log, *id, *ttl, *elections, *pace, *opTimeout, out)
+		err = group(ctx, p)
 	default:
-		err = election(ctx, c, log, *id, *ttl, *broken, *pace, *opTimeout, out)
+		err = election(ctx, p)
 	}
 	if ctx.Err() != nil {
 		return nil // stopped, and resigned (released, left)
@@ -155,10 +156,24 @@ func run(ctx context.Context, args []string) error {
 	return err
 }
 
+// params is what the command line and the connection give a mode.
+type params struct {
+	c                    *sskv.Client
+	log                  *slog.Logger
+	out                  *emitter
+	id                   string
+	ttl, pace, opTimeout time.Duration
+	limit                int           // semaphore
+	hold                 time.Duration // semaphore
+	elections            int           // group
+	broken               bool          // election
+}
+
 // election campaigns with leader.Elector and works while it leads, until
 // ctx ends.
-func election(ctx context.Context, c *sskv.Client, log *slog.Logger, id string, ttl time.Duration, broken bool, pace, opTimeout time.Duration, out *emitter) error {
-	e, err := leader.NewElector(c, electionKey, []byte(id), leader.WithTTL(ttl), leader.WithLogger(log))
+func election(ctx context.Context, p params) error {
+	c, out := p.c, p.out
+	e, err := leader.NewElector(c, electionKey, []byte(p.id), leader.WithTTL(p.ttl), leader.WithLogger(p.log))
 	if err != nil {
 		return err
 	}
@@ -167,10 +182,10 @@ func election(ctx context.Context, c *sskv.Client, log *slog.Logger, id string, 
 		out.emit(event{Ev: "work_start", Token: token})
 		defer out.emit(event{Ev: "work_end", Token: token})
 		var w setter = fenced.New(c, t)
-		if broken {
+		if p.broken {
 			wctx, w = ctx, c // stops with the process only, writes unfenced
 		}
-		work(wctx, c, w, "", counterKey, token, pace, opTimeout, out)
+		work(wctx, p, w, "", counterKey, token)
 		return nil
 	})
 	return fmt.Errorf("elector: %w", err)
@@ -179,8 +194,9 @@ func election(ctx context.Context, c *sskv.Client, log *slog.Logger, id string, 
 // semaphore acquires the semaphore, works for a holding of random length
 // (hold/2 to 3/2 hold, or until the holding is lost) and releases it, over
 // and over until ctx ends.
-func semaphore(ctx context.Context, c *sskv.Client, log *slog.Logger, id string, ttl time.Duration, limit int, hold, pace, opTimeout time.Duration, out *emitter) error {
-	s, err := lock.NewSemaphore(c, lock.SemaphoreConfig{Name: semName, Limit: limit, HolderID: id, TTL: ttl, Logger: log})
+func semaphore(ctx context.Context, p params) error {
+	c, out := p.c, p.out
+	s, err := lock.NewSemaphore(c, lock.SemaphoreConfig{Name: semName, Limit: p.limit, HolderID: p.id, TTL: p.ttl, Logger: p.log})
 	if err != nil {
 		return err
 	}
@@ -197,14 +213,14 @@ func semaphore(ctx context.Context, c *sskv.Client, log *slog.Logger, id string,
 		slot, token := s.Slot(), s.Token().String()
 		res := fmt.Sprintf("slot %d", slot)
 		out.emit(event{Ev: "work_start", Res: res, Token: token})
-		wctx, cancel := context.WithTimeout(s.Context(), hold/2+rand.N(hold))
-		work(wctx, c, w, res, semCounter(slot), token, pace, opTimeout, out)
+		wctx, cancel := context.WithTimeout(s.Context(), p.hold/2+rand.N(p.hold))
+		work(wctx, p, w, res, semCounter(slot), token)
 		cancel()
 		out.emit(event{Ev: "work_end", Res: res, Token: token})
 		// Not ctx: a stopping candidate releases too.
 		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		if err := s.Release(rctx); err != nil {
-			log.Info("release", "slot", slot, "err", err)
+			p.log.Info("release", "slot", slot, "err", err)
 		}
 		cancel()
 	}
@@ -213,13 +229,14 @@ func semaphore(ctx context.Context, c *sskv.Client, log *slog.Logger, id string,
 
 // group runs a member of the group, working in each election it leads,
 // until ctx ends.
-func group(ctx context.Context, c *sskv.Client, log *slog.Logger, id string, ttl time.Duration, n int, pace, opTimeout time.Duration, out *emitter) error {
-	elections := make([]string, n)
+func group(ctx context.Context, p params) error {
+	c, out := p.c, p.out
+	elections := make([]string, p.elections)
 	for i := range elections {
 		elections[i] = groupElection(i)
 	}
-	g, err := leader.NewGroup(c, groupName, elections, []byte(id),
-		leader.WithTTL(ttl), leader.WithCandidateID(id), leader.WithLogger(log))
+	g, err := leader.NewGroup(c, groupName, elections, []byte(p.id),
+		leader.WithTTL(p.ttl), leader.WithCandidateID(p.id), leader.WithLogger(p.log))
 	if err != nil {
 		return err
 	}
@@ -227,7 +244,7 @@ func group(ctx context.Context, c *sskv.Client, log *slog.Logger, id string, ttl
 		res, token := t.Election(), t.Token().String()
 		out.emit(event{Ev: "work_start", Res: res, Token: token})
 		defer out.emit(event{Ev: "work_end", Res: res, Token: token})
-		work(wctx, c, fenced.New(c, t), res, res+"/counter", token, pace, opTimeout, out)
+		work(wctx, p, fenced.New(c, t), res, res+"/counter", token)
 		return nil
 	})
 	return fmt.Errorf("group: %w", err)
@@ -238,18 +255,19 @@ type setter interface {
 	Set(ctx context.Context, key string, value []byte, opts sskv.SetOptions) (sskv.SetResult, error)
 }
 
-// work increments the counter about every pace until ctx ends. The pauses
+// work increments the counter key through w, logging each increment as one
+// of res under token, about every pace until ctx ends. The pauses
 // are random, from pace/2 to 3/2 pace, so that two candidates that write at
 // once (broken ones) do not keep their read-modify-writes in or out of step
 // for a whole run, and faults hit every part of the cycle.
-func work(ctx context.Context, c *sskv.Client, w setter, res, key, token string, pace, timeout time.Duration, out *emitter) {
+func work(ctx context.Context, p params, w setter, res, key, token string) {
 	for ctx.Err() == nil {
-		ev := increment(ctx, c, w, key, timeout)
+		ev := increment(ctx, p.c, w, key, p.opTimeout)
 		ev.Res, ev.Token = res, token
-		out.emit(ev)
+		p.out.emit(ev)
 		select {
 		case <-ctx.Done():
-		case <-time.After(pace/2 + rand.N(pace)):
+		case <-time.After(p.pace/2 + rand.N(p.pace)):
 		}
 	}
 }
