@@ -17,7 +17,7 @@ import (
 // documentation.
 type event struct {
 	T       int64  `json:"t"`
-	Ev      string `json:"ev"`  // work_start, work_end, inc, read_error
+	Ev      string `json:"ev"`  // work_start, work_end, inc, read_error, acquire_error
 	Res     string `json:"res"` // what the work holds: "" (the election), "slot i", a group's election
 	Key     string `json:"key"` // an increment's counter key
 	Token   string `json:"token"`

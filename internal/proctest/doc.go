@@ -75,7 +75,9 @@
 //
 //   - semaphore: never more than 2 works at once, unless enough of them were
 //     paused (or one is the overlap no client can prevent); every participant
-//     alive at the healing holds a slot within 10 s of it;
+//     alive at the healing holds a slot within 10 s of it; no Acquire fails
+//     (it retries lost connections, as Lock.Lock does: a participant logs a
+//     failed one and tries again);
 //   - group: within 15 s of healing, every election is led (an increment
 //     acknowledged) and the members lead numbers of elections within one of
 //     each other, and go on so for 2 s.

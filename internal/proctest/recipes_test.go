@@ -92,7 +92,8 @@ func checkCommon(t *testing.T, cfg config, rep report, short bool) {
 // increment of a slot's counter is lost, and the store accepted no write
 // of a slot's holding after one of a newer holding of that slot; (3) once
 // healed, an increment is acknowledged within TTL + 2 s, and every
-// participant holds a slot within turnLimit.
+// participant holds a slot within turnLimit; and no Acquire fails (it
+// retries timeouts and lost connections, as Lock.Lock does).
 //
 //	DSSLOCK_PROCTEST_SEMAPHORE=10m go test -run TestProcessesSemaphore -v -timeout 15m ./internal/proctest
 func TestProcessesSemaphore(t *testing.T) {
@@ -120,8 +121,13 @@ func TestProcessesSemaphore(t *testing.T) {
 
 	var all []work
 	holdings := make(map[string]int) // per slot
-	var turns []string
+	var turns, acquireErrors []string
 	for _, cand := range res.cands {
+		for _, ev := range cand.log {
+			if ev.Ev == "acquire_error" {
+				acquireErrors = append(acquireErrors, fmt.Sprintf("%s at %s: %s", cand.name, c.at(ev.T), ev.Err))
+			}
+		}
 		ws := works(cand)
 		all = append(all, ws...)
 		for _, w := range ws {
@@ -149,6 +155,10 @@ func TestProcessesSemaphore(t *testing.T) {
 		if !slices.Contains(slotNames(cfg.limit), w.res) {
 			t.Errorf("check 1: %s held %q, not a slot of a semaphore of limit %d", w.cand.name, w.res, cfg.limit)
 		}
+	}
+	if len(acquireErrors) > 0 {
+		t.Errorf("check 3: %d Acquire calls failed (Acquire retries lost connections and timeouts, as Lock.Lock does):\n%s",
+			len(acquireErrors), strings.Join(acquireErrors, "\n"))
 	}
 	if !turned {
 		t.Errorf("check 3: not every participant held the semaphore within %v of healing", turnLimit)

@@ -27,6 +27,7 @@
 //	{"t":…,"ev":"work_end","res":"…","token":"…"}     it returned
 //	{"t":…,"ev":"inc","res":"…","key":"…","token":"…","read_ns":…,"write_ns":…,"read":41,"wrote":42,"version":"…","outcome":"ok"}
 //	{"t":…,"ev":"read_error","res":"…","token":"…","err":"…"}
+//	{"t":…,"ev":"acquire_error","err":"…"}            the semaphore's Acquire failed; tried again 100 ms later
 //
 // An increment's read was sent at read_ns, its write at write_ns, and t is
 // when the write's answer (or error) came. Its outcome is "ok" (the store
@@ -36,7 +37,7 @@
 //
 // SIGTERM or SIGINT stops it cleanly: the work returns, the term is resigned
 // (the slot released, the group left) and the process exits 0. An error of
-// the election, the group or the semaphore's Acquire ends it with status 1.
+// the election or the group ends it with status 1.
 package main
 
 import (
@@ -208,7 +209,19 @@ func semaphore(ctx context.Context, p params) error {
 	w := fenced.New(c, s)
 	for ctx.Err() == nil {
 		if err := s.Acquire(ctx); err != nil {
-			return fmt.Errorf("semaphore: acquire: %w", err)
+			if ctx.Err() != nil || errors.Is(err, lock.ErrClosed) || errors.Is(err, sskv.ErrClosed) {
+				return fmt.Errorf("semaphore: acquire: %w", err)
+			}
+			// Acquire retries what a Lock's Lock retries (timeouts, lost
+			// connections): any other error is logged for the test to
+			// report, and the loop goes on, so that the run's checks see
+			// the rest of it.
+			out.emit(event{Ev: "acquire_error", Err: err.Error()})
+			select {
+			case <-ctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
 		}
 		slot, token := s.Slot(), s.Token().String()
 		res := fmt.Sprintf("slot %d", slot)
