@@ -5,7 +5,9 @@ package proctest
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/dsslock/dsslock/hlc"
@@ -15,7 +17,9 @@ import (
 // documentation.
 type event struct {
 	T       int64  `json:"t"`
-	Ev      string `json:"ev"` // work_start, work_end, inc, read_error
+	Ev      string `json:"ev"`  // work_start, work_end, inc, read_error, acquire_error
+	Res     string `json:"res"` // what the work holds: "" (the election), "slot i", a group's election
+	Key     string `json:"key"` // an increment's counter key
 	Token   string `json:"token"`
 	ReadNs  int64  `json:"read_ns"`
 	WriteNs int64  `json:"write_ns"`
@@ -44,31 +48,51 @@ func (c clock) span(s span) string {
 	return fmt.Sprintf("%s to %s", c.at(s.from), c.at(s.to))
 }
 
-// work is the work of one term in one candidate process.
+// work is the work of one term (one holding of a slot) in one candidate
+// process.
 type work struct {
 	cand *candidate
+	res  string // what it holds: "" (the election), "slot i", a group's election
 	span
 }
 
-// works returns c's works. One that never logged its end ended when the
-// process was killed, or else when it exited.
+// works returns c's works, in order of their start. The works of one res
+// follow each other; those of different ones (a group member's elections)
+// may run at once. One that never logged its end ended when the process was
+// killed, or else when it exited.
 func works(c *candidate) []work {
 	var ws []work
+	open := make(map[string]int) // res -> index in ws of its work in progress
 	for _, ev := range c.log {
-		switch {
-		case ev.Ev == "work_start":
-			ws = append(ws, work{cand: c, span: span{ev.T, 0}})
-		case ev.Ev == "work_end" && len(ws) > 0:
-			ws[len(ws)-1].to = ev.T
+		switch ev.Ev {
+		case "work_start":
+			open[ev.Res] = len(ws)
+			ws = append(ws, work{cand: c, res: ev.Res, span: span{ev.T, 0}})
+		case "work_end":
+			if i, ok := open[ev.Res]; ok {
+				ws[i].to = ev.T
+				delete(open, ev.Res)
+			}
 		}
 	}
-	if n := len(ws); n > 0 && ws[n-1].to == 0 {
-		ws[n-1].to = c.exited
+	for _, i := range open {
+		ws[i].to = c.exited
 		if c.killed != 0 {
-			ws[n-1].to = c.killed
+			ws[i].to = c.killed
 		}
 	}
 	return ws
+}
+
+// firstWork reports whether w is the first work of its process: the first
+// of all if perRes is false, else the first of its res.
+func firstWork(w work, perRes bool) bool {
+	for _, x := range works(w.cand) {
+		if !perRes || x.res == w.res {
+			return x.from == w.from
+		}
+	}
+	return false
 }
 
 // overlap is a time in which the works of two candidate processes ran at
@@ -96,10 +120,13 @@ func (o overlap) excused() bool { return o.pausedCand != nil }
 // overlap).
 func (o overlap) unknowable() bool { return !o.excused() && o.restart != (span{}) }
 
-// findOverlaps returns every overlap of the works of cands, in time order:
-// check (1). restarts are the store restarts, from the kill to the new
-// store listening.
-func findOverlaps(cands []*candidate, restarts []span) []overlap {
+// findOverlaps returns every overlap of the works of cands on one res, in
+// time order: check (1). restarts are the store restarts, from the kill to
+// the new store listening. A work is the first of its process, for the
+// overlap no client can prevent, if it is the first of all its works or,
+// with perRes (the elections of a group, each taken on its own), the first
+// of its res.
+func findOverlaps(cands []*candidate, restarts []span, perRes bool) []overlap {
 	var all []work
 	for _, c := range cands {
 		all = append(all, works(c)...)
@@ -111,7 +138,7 @@ func findOverlaps(cands []*candidate, restarts []span) []overlap {
 			if b.from >= a.to {
 				break // and so do all later ones
 			}
-			if a.cand == b.cand {
+			if a.cand == b.cand || a.res != b.res {
 				continue
 			}
 			o := overlap{a: a, b: b, span: span{b.from, min(a.to, b.to)}}
@@ -124,14 +151,25 @@ func findOverlaps(cands []*candidate, restarts []span) []overlap {
 					}
 				}
 			}
-			if first := works(b.cand); len(first) > 0 && first[0].from == b.from {
-				for _, r := range restarts {
-					if a.from < r.from && r.to <= b.cand.started && b.cand.started <= o.from {
-						o.restart = r
-					}
-				}
-			}
+			o.restart = restartBefore(a, b, o.from, restarts, perRes)
 			found = append(found, o)
+		}
+	}
+	return found
+}
+
+// restartBefore returns the store restart that makes an overlap of an
+// earlier work a and a later work b, from at, one no client can prevent: a
+// began before the restart, and b is the first work (see findOverlaps) of a
+// process started after the store listened again and before at. Zero if
+// none.
+func restartBefore(a, b work, at int64, restarts []span, perRes bool) span {
+	var found span
+	if firstWork(b, perRes) {
+		for _, r := range restarts {
+			if a.from < r.from && r.to <= b.cand.started && b.cand.started <= at {
+				found = r
+			}
 		}
 	}
 	return found
@@ -144,6 +182,9 @@ func findOverlaps(cands []*candidate, restarts []span) []overlap {
 func (o overlap) describe(c clock) string {
 	s := fmt.Sprintf("%s and %s worked at once from %s for %v", o.a.cand.name, o.b.cand.name,
 		c.at(o.from), o.length().Round(time.Microsecond))
+	if o.a.res != "" {
+		s = fmt.Sprintf("%s: %s", o.a.res, s)
+	}
 	if o.unknowable() {
 		return s + fmt.Sprintf(": not excused by a pause, but no client can know it: %s started at %s, after the store restarted (%s), having seen nothing; %s had not reconnected yet",
 			o.b.cand.name, c.at(o.b.cand.started), c.span(o.restart), o.a.cand.name)
@@ -221,7 +262,13 @@ func applied(ev event, v hlc.Timestamp) span {
 //     a counter lost by a restart must not go on from its old value);
 //   - no two in one lifetime wrote the same value;
 //   - in one lifetime, in the store's version order, the values increase:
-//     none overwrote a larger value.
+//     none overwrote a larger value;
+//   - in one lifetime, in the store's version order, the tokens do not
+//     decrease: the store accepted no write of a holding after one of a newer
+//     holding (of the same election or slot), so no two holdings' writes
+//     interleave.
+//
+// Each counter key (event.Key) is checked on its own.
 func checkIncrements(cands []*candidate, stores []span, c clock) increments {
 	var res increments
 	type write struct {
@@ -229,7 +276,11 @@ func checkIncrements(cands []*candidate, stores []span, c clock) increments {
 		ev   event
 		v    hlc.Timestamp
 	}
-	byLifetime := make([][]write, len(stores))
+	type counter struct {
+		life int
+		key  string
+	}
+	byCounter := make(map[counter][]write)
 	bad := func(format string, args ...any) {
 		res.violations = append(res.violations, fmt.Sprintf(format, args...))
 	}
@@ -268,26 +319,141 @@ func checkIncrements(cands []*candidate, stores []span, c clock) increments {
 			case lo != hi:
 				res.ambiguous++
 			default:
-				byLifetime[lo] = append(byLifetime[lo], write{cand, ev, v})
+				k := counter{lo, ev.Key}
+				byCounter[k] = append(byCounter[k], write{cand, ev, v})
 			}
 		}
 	}
-	for life, ws := range byLifetime {
+	counters := slices.SortedFunc(maps.Keys(byCounter), func(a, b counter) int {
+		return cmp.Or(cmp.Compare(a.life, b.life), cmp.Compare(a.key, b.key))
+	})
+	for _, k := range counters {
+		ws, life := byCounter[k], fmt.Sprintf("store lifetime %d", k.life)
+		if k.key != "" {
+			life += ", " + k.key
+		}
 		seen := make(map[int64]write)
 		for _, w := range ws {
 			if d, ok := seen[w.ev.Wrote]; ok {
-				bad("store lifetime %d: %d written twice: by %s (acknowledged at %s, token %s) and %s (at %s, token %s): an increment was lost",
+				bad("%s: %d written twice: by %s (acknowledged at %s, token %s) and %s (at %s, token %s): an increment was lost",
 					life, w.ev.Wrote, d.cand.name, c.at(d.ev.T), d.ev.Token, w.cand.name, c.at(w.ev.T), w.ev.Token)
 			}
 			seen[w.ev.Wrote] = w
 		}
 		slices.SortFunc(ws, func(a, b write) int { return a.v.Compare(b.v) })
 		for i := 1; i < len(ws); i++ {
-			if p, w := ws[i-1], ws[i]; w.ev.Wrote < p.ev.Wrote {
-				bad("store lifetime %d: %s wrote %d (acknowledged at %s, token %s) over %d, written before by %s (at %s, token %s): increments were lost",
+			p, w := ws[i-1], ws[i]
+			if w.ev.Wrote < p.ev.Wrote {
+				bad("%s: %s wrote %d (acknowledged at %s, token %s) over %d, written before by %s (at %s, token %s): increments were lost",
 					life, w.cand.name, w.ev.Wrote, c.at(w.ev.T), w.ev.Token, p.ev.Wrote, p.cand.name, c.at(p.ev.T), p.ev.Token)
+			}
+			pt, perr := hlc.Parse(p.ev.Token)
+			wt, werr := hlc.Parse(w.ev.Token)
+			if perr == nil && werr == nil && wt.Compare(pt) < 0 {
+				bad("%s: %s wrote %d with token %s (acknowledged at %s) after %s wrote %d with the newer token %s (at %s): two holdings' writes interleaved",
+					life, w.cand.name, w.ev.Wrote, w.ev.Token, c.at(w.ev.T), p.cand.name, p.ev.Wrote, p.ev.Token, c.at(p.ev.T))
 			}
 		}
 	}
 	return res
+}
+
+// crowd is a time in which more than limit works ran at once (on a
+// semaphore of limit slots): check (1) of the semaphore run, beside the
+// overlaps of the works of each slot. Like an overlap, it is excused if,
+// at every moment of it, no more than limit of the works that ran were
+// never paused during the crowd; and it is the one no client can prevent
+// if, at every moment, no more than limit were never paused and not the
+// first work of a process started after a store restart, that another
+// work of the moment began before (see overlap).
+type crowd struct {
+	span
+	most       int    // the most works at once
+	works      []work // every work that ran in it
+	excused    bool
+	unknowable bool
+}
+
+// findCrowds returns the crowds of the works of cands, in time order.
+func findCrowds(cands []*candidate, restarts []span, limit int) []crowd {
+	var all []work
+	var edges []int64
+	for _, c := range cands {
+		for _, w := range works(c) {
+			all = append(all, w)
+			edges = append(edges, w.from, w.to)
+		}
+	}
+	slices.Sort(edges)
+	edges = slices.Compact(edges)
+	active := func(at int64) []work {
+		var ws []work
+		for _, w := range all {
+			if w.from <= at && at < w.to {
+				ws = append(ws, w)
+			}
+		}
+		return ws
+	}
+	// The crowds' spans first, then what ran in each.
+	var found []crowd
+	for i, at := range edges {
+		n := len(active(at))
+		if n <= limit {
+			continue
+		}
+		if k := len(found) - 1; k >= 0 && found[k].to == at {
+			found[k].to, found[k].most = edges[i+1], max(found[k].most, n)
+		} else {
+			found = append(found, crowd{span: span{at, edges[i+1]}, most: n}) // i+1 exists: a work ends after at
+		}
+	}
+	for k := range found {
+		cr := &found[k]
+		cr.excused, cr.unknowable = true, true
+		for _, at := range edges {
+			if at < cr.from || at >= cr.to {
+				continue
+			}
+			ws := active(at)
+			var unpaused, unexplained int
+			for _, w := range ws {
+				if !slices.Contains(cr.works, w) {
+					cr.works = append(cr.works, w)
+				}
+				part := span{max(w.from, cr.from), min(w.to, cr.to)}
+				if slices.ContainsFunc(w.cand.pauses, part.intersects) {
+					continue
+				}
+				unpaused++
+				fresh := slices.ContainsFunc(ws, func(a work) bool {
+					return a.cand != w.cand && restartBefore(a, w, at, restarts, false) != (span{})
+				})
+				if !fresh {
+					unexplained++
+				}
+			}
+			cr.excused = cr.excused && unpaused <= limit
+			cr.unknowable = cr.unknowable && unexplained <= limit
+		}
+		cr.unknowable = cr.unknowable && !cr.excused
+	}
+	return found
+}
+
+// describe says what cr is, for the report.
+func (cr crowd) describe(c clock) string {
+	var names []string
+	for _, w := range cr.works {
+		names = append(names, fmt.Sprintf("%s (%s, %s)", w.cand.name, w.res, c.span(w.span)))
+	}
+	s := fmt.Sprintf("%d works at once from %s for %v: %s", cr.most, c.at(cr.from),
+		cr.length().Round(time.Microsecond), strings.Join(names, ", "))
+	switch {
+	case cr.excused:
+		return s + ": excused by pauses"
+	case cr.unknowable:
+		return s + ": not excused by pauses, but no client can know it (a process started just after a store restart)"
+	}
+	return s + ": NOT EXCUSED"
 }

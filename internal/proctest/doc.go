@@ -1,7 +1,8 @@
 // Package proctest is a process-level safety test of leader election and
 // fenced writes: the state store and the candidates are separate processes,
 // and the faults are real process faults. It has no API: it is a test
-// (TestProcesses), and the candidate program it runs (./candidate).
+// (TestProcesses; TestProcessesSemaphore and TestProcessesGroup for the
+// other recipes), and the candidate program it runs (./candidate).
 //
 // The test builds the local state store (cmd/statestore) and the
 // candidate with go build, starts the store on a free loopback port and
@@ -61,6 +62,31 @@
 //
 //	DSSLOCK_PROCTEST_PERSIST_RUN=1 go test -run TestProcessesPersisted -v ./internal/proctest   # 30 s
 //	DSSLOCK_PROCTEST_PERSIST=5m go test -run TestProcessesPersisted -v -timeout 10m ./internal/proctest
+//
+// TestProcessesSemaphore and TestProcessesGroup run the other two recipes
+// under the same faults (20 s of them, seed 1): five participants of a
+// lock.Semaphore of limit 2, each looping over Acquire, a holding of
+// 100-300 ms and Release; and three members of a leader.Group of six
+// elections. Their works increment a counter per slot or per election
+// (tokens of different slots are not ordered: each slot fences its own
+// key). Checks (1) to (3) apply per slot or election; besides, the store
+// accepted no write of a holding after one of a newer holding of the same
+// slot or election, and:
+//
+//   - semaphore: never more than 2 works at once, unless enough of them were
+//     paused (or one is the overlap no client can prevent); every participant
+//     alive at the healing holds a slot within 10 s of it; no Acquire fails
+//     (it retries lost connections, as Lock.Lock does: a participant logs a
+//     failed one and tries again);
+//   - group: within 15 s of healing, every election is led (an increment
+//     acknowledged) and the members lead numbers of elections within one of
+//     each other, and go on so for 2 s.
+//
+// To run them longer, or with the candidates logging at level debug:
+//
+//	DSSLOCK_PROCTEST_SEMAPHORE=10m go test -run TestProcessesSemaphore -v -timeout 15m ./internal/proctest
+//	DSSLOCK_PROCTEST_GROUP=10m go test -run TestProcessesGroup -v -timeout 15m ./internal/proctest
+//	DSSLOCK_PROCTEST_DEBUG=1 go test -run TestProcessesSemaphore -v ./internal/proctest
 //
 // The short run has a fixed seed, so that CI injects the same faults every
 // time (at least 3 store restarts); DSSLOCK_PROCTEST runs that long with a

@@ -47,7 +47,7 @@ func plan(cfg config, rng *rand.Rand) [][]action {
 		at += a.length + gap
 	}
 	timelines := [][]action{store}
-	for slot := range candidates {
+	for slot := range cfg.nprocs() {
 		var acts []action
 		for at := uniform(rng, time.Second, 6*time.Second); at < cfg.faultTime && cfg.candidateFaults; {
 			a := action{at: at, kind: "pause", slot: slot, length: uniform(rng, 200*time.Millisecond, 2*time.Second)}

@@ -170,6 +170,7 @@ type run struct {
 	errs   []string      // errors of the test itself (a bad event line, an unexpected exit)
 	lastOK int64         // the latest acknowledged increment, by its time
 	okCh   chan struct{} // a signal after each acknowledged increment
+	evCh   chan struct{} // a signal after each event
 	slots  []*candidate  // the current process of each candidate slot
 }
 
@@ -257,6 +258,15 @@ func (r *run) startCandidate(slot int) error {
 	if r.cfg.broken {
 		args = append(args, "-broken")
 	}
+	if os.Getenv("DSSLOCK_PROCTEST_DEBUG") != "" {
+		args = append(args, "-debug")
+	}
+	switch r.cfg.mode {
+	case "semaphore":
+		args = append(args, "-mode", r.cfg.mode, "-limit", strconv.Itoa(r.cfg.limit))
+	case "group":
+		args = append(args, "-mode", r.cfg.mode, "-elections", strconv.Itoa(r.cfg.elections))
+	}
 	p, err := startProc(name, r.candidateBin, args, c.events, filepath.Join(r.dir, name+".log"), false,
 		func(line string) { r.record(c, name, line) })
 	if err != nil {
@@ -282,6 +292,10 @@ func (r *run) record(c *candidate, name, line string) {
 		return
 	}
 	c.log = append(c.log, ev)
+	select {
+	case r.evCh <- struct{}{}:
+	default:
+	}
 	if ev.Ev == "inc" && ev.Outcome == "ok" {
 		r.lastOK = max(r.lastOK, ev.T)
 		select {
@@ -305,6 +319,28 @@ func (r *run) waitWrite(ctx context.Context, since int64, deadline time.Time) bo
 		}
 		select {
 		case <-r.okCh:
+		case <-timer.C:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// waitFor waits until cond, called with r.mu held after each event (and at
+// once), reports true, and reports false if deadline or ctx came first.
+func (r *run) waitFor(ctx context.Context, deadline time.Time, cond func() bool) bool {
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	for {
+		r.mu.Lock()
+		ok := cond()
+		r.mu.Unlock()
+		if ok {
+			return true
+		}
+		select {
+		case <-r.evCh:
 		case <-timer.C:
 			return false
 		case <-ctx.Done():

@@ -38,6 +38,18 @@ type config struct {
 	candidateFaults bool          // SIGSTOP and SIGCONT, and kill -9, candidates
 	broken          bool          // candidates ignore the end of their terms and write unfenced
 	persist         bool          // the store persists every key (-persist all): restarts lose nothing
+	mode            string        // what the candidates hold (their -mode): "" (the election), "semaphore" or "group"
+	procs           int           // candidate processes at any time; 0: candidates
+	limit           int           // the semaphore's limit (mode semaphore)
+	elections       int           // the group's elections (mode group)
+}
+
+// nprocs is how many candidate processes cfg runs at any time.
+func (cfg config) nprocs() int {
+	if cfg.procs > 0 {
+		return cfg.procs
+	}
+	return candidates
 }
 
 // persistRestarts is how many store restarts the persisting run must include.
@@ -79,7 +91,7 @@ func TestProcessesPersisted(t *testing.T) {
 		}
 		cfg.seed = seed
 	}
-	res := execute(t, cfg)
+	res := execute(t, cfg, nil)
 	rep := res.check()
 	rep.log(t, res)
 	terms := 0
@@ -141,7 +153,7 @@ func TestProcesses(t *testing.T) {
 		t.Fatalf("the run takes %v and a minute more; give go test -timeout %v or more", cfg.faultTime, (cfg.faultTime + 2*time.Minute).Round(time.Minute))
 	}
 
-	res := execute(t, cfg)
+	res := execute(t, cfg, nil)
 	rep := res.check()
 	rep.log(t, res)
 	if long == "" && cfg.restarts && rep.restarts < minRestarts {
@@ -167,13 +179,15 @@ type result struct {
 	logs   string // the directory of the logs
 	start  int64  // when the fault phase began
 	healed int64  // when every fault was healed
+	stop   int64  // when the processes were told to stop
 }
 
-// execute runs the programs with faults drawn from cfg.seed, heals them, and
-// waits for a leader's write; it stops every process before it returns. An
-// error of the test itself (a build, a process that would not start or
-// exited unexpectedly) ends the test.
-func execute(t *testing.T, cfg config) *result {
+// execute runs the programs with faults drawn from cfg.seed, heals them,
+// waits for a leader's write and then, if settle is not nil, calls it (with
+// the run and the time of healing) before it stops every process; it stops
+// them all before it returns. An error of the test itself (a build, a
+// process that would not start or exited unexpectedly) ends the test.
+func execute(t *testing.T, cfg config, settle func(r *run, healed int64)) *result {
 	t.Logf("seed %d, %v of faults; replay with DSSLOCK_SEED=%d", cfg.seed, cfg.faultTime, cfg.seed)
 	logs, err := os.MkdirTemp("", "proctest-")
 	if err != nil {
@@ -196,7 +210,8 @@ func execute(t *testing.T, cfg config) *result {
 		t.Fatal(err)
 	}
 	r := &run{cfg: cfg, dir: logs, storeBin: storeBin, candidateBin: candidateBin,
-		addr: fmt.Sprintf("127.0.0.1:%d", port), okCh: make(chan struct{}, 1), slots: make([]*candidate, candidates)}
+		addr: fmt.Sprintf("127.0.0.1:%d", port), okCh: make(chan struct{}, 1), evCh: make(chan struct{}, 1),
+		slots: make([]*candidate, cfg.nprocs())}
 	t.Cleanup(r.killAll)
 	fatal := func(format string, args ...any) {
 		t.Helper()
@@ -206,7 +221,7 @@ func execute(t *testing.T, cfg config) *result {
 	if _, err := r.startStore(ctx); err != nil {
 		fatal("%v", err)
 	}
-	for slot := range candidates {
+	for slot := range cfg.nprocs() {
 		if err := r.startCandidate(slot); err != nil {
 			fatal("%v", err)
 		}
@@ -224,6 +239,10 @@ func execute(t *testing.T, cfg config) *result {
 	}
 	res.healed = now()
 	r.waitWrite(ctx, res.healed, time.Unix(0, res.healed).Add(cfg.ttl+livenessSlack)) // check (3) reads the logs
+	if settle != nil {
+		settle(r, res.healed)
+	}
+	res.stop = now()
 	r.stopAll(stopLimit)
 
 	for _, c := range r.cands {
@@ -246,6 +265,8 @@ func execute(t *testing.T, cfg config) *result {
 // report is what the checks found.
 type report struct {
 	overlaps                 []overlap
+	crowds                   []crowd // of the semaphore run: more than limit works at once
+	unexcusedCrowds          int
 	unexcused, unknowable    int
 	maxUnexcused, maxExcused time.Duration
 	maxUnknowable            time.Duration
@@ -285,7 +306,15 @@ func (res *result) check() report {
 			rep.kills++
 		}
 	}
-	rep.overlaps = findOverlaps(res.cands, restarts)
+	rep.overlaps = findOverlaps(res.cands, restarts, res.cfg.mode == "group")
+	if res.cfg.mode == "semaphore" {
+		rep.crowds = findCrowds(res.cands, restarts, res.cfg.limit)
+		for _, cr := range rep.crowds {
+			if !cr.excused && !cr.unknowable {
+				rep.unexcusedCrowds++
+			}
+		}
+	}
 	for _, o := range rep.overlaps {
 		switch {
 		case o.excused():
@@ -316,6 +345,9 @@ func (rep report) log(t *testing.T, res *result) {
 	c := clock(res.start)
 	for _, o := range rep.overlaps {
 		t.Log("overlap: " + o.describe(c))
+	}
+	for _, cr := range rep.crowds {
+		t.Log("crowd: " + cr.describe(c))
 	}
 	for i, v := range rep.inc.violations {
 		if i == shownViolations {

@@ -3,6 +3,7 @@
 package proctest
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,7 +21,7 @@ func TestBrokenCandidateFails(t *testing.T) {
 	// Seed 3 leaves more than a TTL between restarts: candidates hold off a
 	// TTL after each, so denser restarts never let a second leader in.
 	cfg := config{seed: 3, faultTime: 10 * time.Second, ttl: time.Second, restarts: true, broken: true}
-	res := execute(t, cfg)
+	res := execute(t, cfg, nil)
 	rep := res.check()
 	rep.log(t, res)
 	if rep.restarts == 0 {
@@ -66,7 +67,7 @@ func TestOverlaps(t *testing.T) {
 	restarts := []span{{ms(3100), ms(3200)}}
 
 	var got []string
-	for _, o := range findOverlaps([]*candidate{a, b, c, d, e, f, g}, restarts) {
+	for _, o := range findOverlaps([]*candidate{a, b, c, d, e, f, g}, restarts, false) {
 		got = append(got, o.describe(0))
 	}
 	want := []string{
@@ -92,6 +93,8 @@ func TestIncrements(t *testing.T) {
 			Read: read, Wrote: read + 1, Outcome: outcome,
 			Version: hlc.Timestamp{Wall: at[3], Node: "statestore"}.String()}
 	}
+	withKey := func(key string, ev event) event { ev.Key = key; return ev }
+	withToken := func(wall int64, ev event) event { ev.Token = hlc.Timestamp{Wall: wall, Node: "t"}.String(); return ev }
 	for _, tc := range []struct {
 		name      string
 		x, y      []event
@@ -113,6 +116,11 @@ func TestIncrements(t *testing.T) {
 			x: []event{inc(41, "ok", 900, 990, 1250, 1240)}, want: "on a read of 41 in lifetime 0"},
 		{name: "a smaller value over a larger one",
 			x: []event{inc(2, "ok", 10, 20, 30, 25)}, y: []event{inc(1, "ok", 15, 30, 40, 35)}, want: "wrote 2 (acknowledged at +0.040s"},
+		{name: "two counters, each from 0",
+			x: []event{withKey("k1", inc(0, "ok", 10, 20, 30, 25))}, y: []event{withKey("k2", inc(0, "ok", 30, 40, 50, 45))}},
+		{name: "an older token's write after a newer one's",
+			x: []event{withToken(5, inc(0, "ok", 10, 20, 30, 25))}, y: []event{withToken(4, inc(1, "ok", 30, 40, 50, 45))},
+			want: "y wrote 2 with token 000000000000004:00000:t (acknowledged at +0.050s) after x wrote 1 with the newer token 000000000000005:00000:t"},
 		{name: "written is not read + 1",
 			x: []event{{Ev: "inc", ReadNs: ms(10), WriteNs: ms(20), T: ms(30), Read: 3, Wrote: 5, Outcome: "ok",
 				Version: hlc.Timestamp{Wall: 25, Node: "statestore"}.String()}}, want: "wrote 5 after reading 3"},
@@ -129,5 +137,78 @@ func TestIncrements(t *testing.T) {
 				t.Errorf("%d ambiguous, want %d", res.ambiguous, tc.ambiguous)
 			}
 		})
+	}
+}
+
+// TestWorksPerRes: a group member's works on different elections run at
+// once, each paired with its own end; overlaps are found per election only,
+// and a process's first work of an election counts as its first for the
+// overlap no client can prevent (perRes).
+func TestWorksPerRes(t *testing.T) {
+	ev := func(at int64, kind, res string) event { return event{T: ms(at), Ev: kind, Res: res} }
+	a := &candidate{proc: &proc{name: "a", exited: ms(5000)}, log: []event{
+		ev(0, "work_start", "e1"), ev(100, "work_start", "e2"), ev(300, "work_end", "e1"), ev(3000, "work_end", "e2"),
+	}}
+	got := works(a)
+	want := []work{{a, "e1", span{0, ms(300)}}, {a, "e2", span{ms(100), ms(3000)}}}
+	if !slices.Equal(got, want) {
+		t.Errorf("works: %v, want %v", got, want)
+	}
+	// b overlaps a on e2 only; it started after a store restart, and its
+	// e2 work is its first of e2 but not its first of all.
+	b := &candidate{proc: &proc{name: "b", started: ms(1250), exited: ms(5000)}, log: []event{
+		ev(1300, "work_start", "e1"), ev(1400, "work_start", "e2"), ev(1500, "work_end", "e2"),
+	}}
+	restarts := []span{{ms(1000), ms(1200)}}
+	for _, tc := range []struct {
+		perRes bool
+		want   string
+	}{
+		{false, "e2: a and b worked at once from +1.400s for 100ms: NOT EXCUSED"},
+		{true, "e2: a and b worked at once from +1.400s for 100ms: not excused by a pause, but no client can know it: b started at +1.250s, after the store restarted (+1.000s to +1.200s), having seen nothing; a had not reconnected yet"},
+	} {
+		var got []string
+		for _, o := range findOverlaps([]*candidate{a, b}, restarts, tc.perRes) {
+			got = append(got, o.describe(0))
+		}
+		if strings.Join(got, "\n") != tc.want {
+			t.Errorf("perRes %v: overlaps:\n%s\nwant:\n%s", tc.perRes, strings.Join(got, "\n"), tc.want)
+		}
+	}
+}
+
+// TestCrowds: more than limit works at once are found, excused only when
+// enough of them were paused, or when the extra one is the first work of a
+// process started after a store restart.
+func TestCrowds(t *testing.T) {
+	starts := func(res string, at ...int64) []event {
+		var evs []event
+		for i, t := range at {
+			evs = append(evs, event{T: ms(t), Ev: []string{"work_start", "work_end"}[i%2], Res: res})
+		}
+		return evs
+	}
+	a := &candidate{proc: &proc{name: "a", exited: ms(9000)}, log: starts("slot 0", 0, 1000, 2400, 3400)}
+	b := &candidate{proc: &proc{name: "b", exited: ms(9000)}, log: starts("slot 1", 100, 1000, 2400, 3400)}
+	c := &candidate{proc: &proc{name: "c", exited: ms(9000)}, log: starts("slot 0", 500, 600, 800, 900),
+		pauses: []span{{ms(850), ms(870)}}}
+	// d starts after a store restart (2.5 s to 2.6 s) and takes a slot a
+	// and b held from before it, having seen nothing; e, started while the
+	// store was down, must have held off.
+	d := &candidate{proc: &proc{name: "d", started: ms(2700), exited: ms(9000)}, log: starts("slot 1", 3100, 3200)}
+	e := &candidate{proc: &proc{name: "e", started: ms(2550), exited: ms(9000)}, log: starts("slot 1", 3250, 3300)}
+	restarts := []span{{ms(2500), ms(2600)}}
+	var got []string
+	for _, cr := range findCrowds([]*candidate{a, b, c, d, e}, restarts, 2) {
+		got = append(got, cr.describe(0))
+	}
+	want := []string{
+		"3 works at once from +0.500s for 100ms: a (slot 0, +0.000s to +1.000s), b (slot 1, +0.100s to +1.000s), c (slot 0, +0.500s to +0.600s): NOT EXCUSED",
+		"3 works at once from +0.800s for 100ms: a (slot 0, +0.000s to +1.000s), b (slot 1, +0.100s to +1.000s), c (slot 0, +0.800s to +0.900s): excused by pauses",
+		"3 works at once from +3.100s for 100ms: a (slot 0, +2.400s to +3.400s), b (slot 1, +2.400s to +3.400s), d (slot 1, +3.100s to +3.200s): not excused by pauses, but no client can know it (a process started just after a store restart)",
+		"3 works at once from +3.250s for 50ms: a (slot 0, +2.400s to +3.400s), b (slot 1, +2.400s to +3.400s), e (slot 1, +3.250s to +3.300s): NOT EXCUSED",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("crowds:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
