@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
+
 	"github.com/dsslock/dsslock/hlc"
 	"github.com/dsslock/dsslock/sskv"
 )
@@ -230,7 +232,7 @@ func (s *Semaphore) Acquire(ctx context.Context) error {
 		gateFree = make(chan bool, 1)
 		go func() { gateFree <- s.gateFree(ctx) }()
 	}
-	n, err := s.prepare(ctx)
+	n, err := s.prepareWaiting(ctx)
 	if err != nil {
 		return err
 	}
@@ -306,11 +308,42 @@ func (s *Semaphore) prepare(ctx context.Context) (int, error) {
 	return n, nil
 }
 
+// prepareWaiting is prepare for Acquire: a read of the record that fails
+// for want of an answer or a connection is tried again, with backoff, until
+// ctx ends, as Lock.Lock retries its requests.
+func (s *Semaphore) prepareWaiting(ctx context.Context) (int, error) {
+	var retry *backoff.ExponentialBackOff
+	for {
+		n, err := s.prepare(ctx)
+		if err == nil || ctx.Err() != nil || errors.Is(err, ErrAlreadyHeld) || errors.Is(err, ErrLimitMismatch) ||
+			errors.Is(err, ErrNoLimit) || errors.Is(err, sskv.ErrClosed) || refused(err) {
+			return n, err
+		}
+		if retry == nil {
+			retry = newBackoff(max(s.cfg.TTL/100, time.Millisecond), max(s.cfg.TTL/4, time.Millisecond))
+		}
+		s.log.Debug("could not read the semaphore's record; retrying", "error", err)
+		t := time.NewTimer(retry.NextBackOff())
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return 0, s.fail(ctx, "", ctx.Err())
+		}
+	}
+}
+
 // readLimit returns the record's limit, writing the record first if it is
 // missing and Config.Limit is set.
+//
+// Each request waits at most RenewDeadline for its answer, as an
+// acquisition does: a lost answer must not hold the caller up for the
+// client's RequestTimeout.
 func (s *Semaphore) readLimit(ctx context.Context) (int, error) {
 	for range 3 {
-		res, err := s.c.Get(ctx, s.cfg.Name)
+		rctx, cancel := context.WithTimeout(ctx, s.cfg.RenewDeadline)
+		res, err := s.c.Get(rctx, s.cfg.Name)
+		cancel()
 		if err != nil {
 			return 0, s.wrap("read the limit", err)
 		}
@@ -330,7 +363,10 @@ func (s *Semaphore) readLimit(ctx context.Context) (int, error) {
 		if s.cfg.Limit == 0 {
 			return 0, s.wrap("", ErrNoLimit)
 		}
-		if _, err := s.c.Set(ctx, s.cfg.Name, SemaphoreRecord(s.cfg.Limit), sskv.SetOptions{Condition: sskv.IfNotExists}); err != nil {
+		rctx, cancel = context.WithTimeout(ctx, s.cfg.RenewDeadline)
+		_, err = s.c.Set(rctx, s.cfg.Name, SemaphoreRecord(s.cfg.Limit), sskv.SetOptions{Condition: sskv.IfNotExists})
+		cancel()
+		if err != nil {
 			return 0, s.wrap("write the limit", err)
 		}
 		// Applied or not, read it back: another participant may have
