@@ -141,3 +141,33 @@ func TestUnlockWithEndedContextIsBounded(t *testing.T) {
 		t.Fatal("Unlock with an ended context blocked")
 	}
 }
+
+// A Semaphore's MaxHold caps each slot's holding as it does a Lock's.
+func TestSemaphoreMaxHold(t *testing.T) {
+	srv := startStore(t)
+	ctx := testCtx(t)
+	c := dial(t, srv.Addr())
+	s, err := lock.NewSemaphore(c, lock.SemaphoreConfig{Name: "s", Limit: 2, TTL: 5 * time.Second,
+		RenewInterval: 100 * time.Millisecond, RenewDeadline: 3 * time.Second, MaxHold: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(context.Background())
+	if err := s.Acquire(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-s.Done():
+	case <-time.After(waitTimeout):
+		t.Fatal("the slot's holding outlived MaxHold")
+	}
+	if err := s.Err(); !errors.Is(err, lock.ErrLost) || !errors.Is(err, lock.ErrMaxHold) {
+		t.Fatalf("Err = %v; want ErrLost and ErrMaxHold", err)
+	}
+	if err := s.Release(ctx); err != nil {
+		t.Fatalf("Release after the cap = %v", err)
+	}
+	if res, err := c.Get(ctx, lock.SemaphoreSlot("s", s.Slot())); err != nil || res.Found {
+		t.Fatalf("slot key after Release = %+v, %v; want it deleted", res, err)
+	}
+}

@@ -32,8 +32,11 @@ type SemaphoreConfig struct {
 	// HolderID is this participant's id in each slot it holds.
 	HolderID                          string
 	TTL, RenewInterval, RenewDeadline time.Duration
-	Logger                            *slog.Logger
-	OnRenewal                         func(latency time.Duration, err error)
+	// MaxHold caps each holding of a slot, as Config.MaxHold caps a
+	// Lock's: at MaxHold it ends as lost (ErrMaxHold) even while renewed.
+	MaxHold   time.Duration
+	Logger    *slog.Logger
+	OnRenewal func(latency time.Duration, err error)
 }
 
 // slotInfix is put between a semaphore's name and a slot number to make the
@@ -122,6 +125,7 @@ func NewSemaphore(c *sskv.Client, cfg SemaphoreConfig) (*Semaphore, error) {
 		TTL:           cfg.TTL,
 		RenewInterval: cfg.RenewInterval,
 		RenewDeadline: cfg.RenewDeadline,
+		MaxHold:       cfg.MaxHold,
 		Logger:        cfg.Logger,
 	}.withDefaults(c.ID())
 	if err != nil {
@@ -296,6 +300,7 @@ func (s *Semaphore) prepare(ctx context.Context) (int, error) {
 			TTL:           s.cfg.TTL,
 			RenewInterval: s.cfg.RenewInterval,
 			RenewDeadline: s.cfg.RenewDeadline,
+			MaxHold:       s.cfg.MaxHold,
 			FenceKey:      true,
 			OnRenewal:     s.cfg.OnRenewal,
 			Logger:        s.cfg.Logger,

@@ -340,8 +340,8 @@ holder has written the same key.`,
 			switch {
 			case o.maxHold < 0 || o.maxHold%time.Millisecond != 0:
 				return usagef("-max-hold %v: must be a positive whole number of milliseconds", o.maxHold)
-			case o.maxHold > 0 && (o.given["n"] || o.read || o.write):
-				return usagef("-max-hold: only for a lock, not with -n, -r or -w (their slots have no cap yet)")
+			case o.maxHold > 0 && (o.read || o.write):
+				return usagef("-max-hold: not with -r or -w (a read-write lock's holdings have no cap yet)")
 			}
 			return checkTTL(o.ttl)
 		},

@@ -129,7 +129,7 @@ func runLocked(ctx context.Context, c *sskv.Client, name string, k lockKind, arg
 		l, acquire, release = lk, lk.Lock, lk.Unlock
 		grace = lk.Config().TTL - lk.Config().RenewDeadline
 	default:
-		s, err := lock.NewSemaphore(c, lock.SemaphoreConfig{Name: name, Limit: limit, TTL: ttl, Logger: log})
+		s, err := lock.NewSemaphore(c, lock.SemaphoreConfig{Name: name, Limit: limit, TTL: ttl, MaxHold: maxHold, Logger: log})
 		if err != nil {
 			return fail(stderr, usagef("%v", err))
 		}

@@ -155,7 +155,7 @@ func TestLockMaxHoldTerminatesCommand(t *testing.T) {
 func TestLockMaxHoldUsage(t *testing.T) {
 	for _, args := range [][]string{
 		{"lock", "-max-hold", "-1s", "l", "--", "true"},
-		{"lock", "-max-hold", "1s", "-n", "2", "l", "--", "true"},
+		{"lock", "-max-hold", "1s", "-r", "l", "--", "true"},
 	} {
 		o := sskvRun(t, args...)
 		if o.code != exitUsage {
