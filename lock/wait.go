@@ -266,7 +266,10 @@ func (r *racer) wait(ctx context.Context) (unknown bool, err error) {
 				// The state the watch started from, read as part of its
 				// registration: the key may have been deleted since the
 				// attempt that found it held.
-				if ev.Op == sskv.OpDelete {
+				if ev.Op == sskv.OpDelete || (r.l != nil && ParseHolder(ev.Value, ev.Version).ID == r.l.cfg.HolderID) {
+					// Free, or its own record: an attempt whose answer
+					// was lost applied. Try again now, which takes it
+					// over (or gives it back).
 					check = true
 					continue
 				}
