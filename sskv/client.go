@@ -210,7 +210,12 @@ func (c *Client) waitReady(ctx context.Context, after uint64) (*connState, error
 			if st.err != nil {
 				return nil, st.err
 			}
-			return st, nil
+			// A connection is marked lost just before the state that
+			// says so is stored: wait for that state rather than hand
+			// out a connection that has ended.
+			if !st.conn.ended() {
+				return st, nil
+			}
 		}
 		c.stMu.Lock()
 		ch := c.stChanged

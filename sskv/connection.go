@@ -137,6 +137,9 @@ func (c *Client) Connection(ctx context.Context) (*Conn, error) {
 // client is closed). A later connection is another Conn.
 func (cn *Conn) Done() <-chan struct{} { return cn.lost.Done() }
 
+// ended reports whether the connection is lost.
+func (cn *Conn) ended() bool { return cn.lost.Err() != nil }
+
 // Since returns when the connection was set up, on this process's monotonic
 // clock: whatever happened to the store while the client was disconnected
 // (a restart that lost every key, say) happened before it.
