@@ -342,7 +342,7 @@ func TestSemaphoreWaitersSendNothingWhileHoldersRenew(t *testing.T) {
 	srv := startStore(t)
 	// Long enough for the holders not to miss a renewal on a loaded
 	// machine, short enough for 9 TTLs to pass quickly.
-	ttl := 600 * time.Millisecond
+	ttl := time.Second
 	cfg := lock.SemaphoreConfig{Name: "s", Limit: 2, TTL: ttl}
 	ctx := testCtx(t)
 	var holders []*lock.Semaphore
