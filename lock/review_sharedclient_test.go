@@ -92,6 +92,7 @@ func rwRounds(ctx context.Context, m *lock.RWMutex, rounds int, readers, writers
 // kicked client for the 10 s the test allows, both slots missing). The
 // Semaphore's gate holder leaves the gate in this case.
 func TestReviewRWMutexFlappingClientStallsOthers(t *testing.T) {
+	t.Skip("bug: a reader whose client keeps reconnecting holds the RWMutex's gate through its hold-offs, every slot free: the others stall")
 	// t.Skip("bug: a participant whose client keeps reconnecting holds the RWMutex's gate through its hold-offs: the others stall")
 	srv := startStore(t)
 	ctx := testCtx(t)
@@ -99,7 +100,6 @@ func TestReviewRWMutexFlappingClientStallsOthers(t *testing.T) {
 	ca, cb := dial(t, srv.Addr()), dial(t, srv.Addr())
 	var readers, writers, lost atomic.Int32
 	const rounds = 30
-	t.Skip("bug: a reader whose client keeps reconnecting holds the RWMutex's gate through its hold-offs, every slot free: the others stall")
 	bctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	aerrs, berrs := make(chan error, 4), make(chan error, 2)
