@@ -143,3 +143,66 @@ func TestReviewRWMutexFlappingClientStallsOthers(t *testing.T) {
 	}
 	t.Logf("%d holdings lost", lost.Load())
 }
+
+// The same for a Semaphore (limit 1): the participants of the client
+// without outages get their turns while the other client keeps
+// reconnecting, and never two holders.
+func TestReviewSemaphoreFlappingClientOthersGoOn(t *testing.T) {
+	srv := startStore(t)
+	ctx := testCtx(t)
+	cfg := lock.SemaphoreConfig{Name: "s", Limit: 1, TTL: time.Second}
+	ca, cb := dial(t, srv.Addr()), dial(t, srv.Addr())
+	var holders atomic.Int32
+	rounds := func(ctx context.Context, s *lock.Semaphore, n int) error {
+		for range n {
+			if err := s.Acquire(ctx); err != nil {
+				return err
+			}
+			if h := holders.Add(1); h != 1 {
+				return fmt.Errorf("%d holders of a semaphore of 1", h)
+			}
+			time.Sleep(time.Duration(1+rand.N(5)) * time.Millisecond) // the guarded work
+			holders.Add(-1)
+			if err := s.Release(ctx); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	bctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	aerrs, berrs := make(chan error, 4), make(chan error, 2)
+	for range 4 {
+		s := newSemaphore(t, ca, cfg)
+		go func() { aerrs <- rounds(ctx, s, 30) }()
+	}
+	for range 2 {
+		s := newSemaphore(t, cb, cfg)
+		go func() { berrs <- rounds(bctx, s, 30) }()
+	}
+	stop, kicked := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(kicked)
+		for {
+			_ = srv.Kick(ca.ID())
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Duration(300+rand.N(400)) * time.Millisecond): // the fault schedule
+			}
+		}
+	}()
+	start := time.Now()
+	for range 2 {
+		if err := <-berrs; err != nil {
+			t.Errorf("a participant on the client without outages, after %v: %v", time.Since(start).Round(time.Millisecond), err)
+		}
+	}
+	close(stop)
+	<-kicked
+	for range 4 {
+		if err := <-aerrs; err != nil {
+			t.Errorf("a participant on the kicked client, once the kicks stopped: %v", err)
+		}
+	}
+}
