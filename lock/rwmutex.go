@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/dsslock/dsslock/hlc"
 	"github.com/dsslock/dsslock/sskv"
 )
@@ -157,7 +158,7 @@ func (m *RWMutex) acquire(ctx context.Context, op string, write, try bool) (bool
 	case errors.Is(cur.Err(), ErrLost):
 		m.giveBack(ctx, cur) // a lost holding not released yet: its work has returned
 	}
-	if err := m.checkRecord(ctx); err != nil {
+	if err := m.checkRecordRetrying(ctx, try); err != nil {
 		return false, m.wrap(op, err)
 	}
 	for {
@@ -187,7 +188,9 @@ func (m *RWMutex) acquire(ctx context.Context, op string, write, try bool) (bool
 		}
 		gateLost := m.gate.Err() != nil
 		if held != m.gate || err != nil {
-			m.giveBack(ctx, m.gate)
+			// A reader returns right after: the slot it took must be
+			// left most of its renew deadline.
+			m.giveBackWithin(ctx, m.gate, m.cfg.RenewDeadline/4)
 		}
 		switch {
 		case err == nil && held != nil && m.isClosed():
@@ -202,7 +205,9 @@ func (m *RWMutex) acquire(ctx context.Context, op string, write, try bool) (bool
 			return false, nil
 		case ctx.Err() != nil && err == nil:
 			return false, m.wrap(op, context.Cause(ctx))
-		case ctx.Err() != nil || m.isClosed() || (err != nil && !gateLost):
+		case m.isClosed():
+			return false, m.wrap(op, ErrClosed)
+		case ctx.Err() != nil || (err != nil && !gateLost):
 			return false, m.wrap(op, err)
 		}
 		// The gate was lost on the way in: start over.
@@ -278,7 +283,10 @@ func (m *RWMutex) drain(ctx context.Context, try bool) error {
 	errs := make(chan error, len(m.slots))
 	for _, l := range m.slots {
 		go func() {
-			res, err := m.c.Get(ctx, l.Name())
+			// A lost answer costs RenewDeadline, then a wait on the slot.
+			rctx, rcancel := context.WithTimeout(ctx, m.cfg.RenewDeadline)
+			res, err := m.c.Get(rctx, l.Name())
+			rcancel()
 			switch {
 			case err == nil && !res.Found:
 			case try && err == nil:
@@ -301,10 +309,38 @@ func (m *RWMutex) drain(ctx context.Context, try bool) error {
 	return first
 }
 
+// checkRecordRetrying is checkRecord, tried again with backoff, unless
+// try, after a failure for want of an answer or a connection, until ctx
+// ends: as Lock.Lock retries its requests.
+func (m *RWMutex) checkRecordRetrying(ctx context.Context, try bool) error {
+	var retry *backoff.ExponentialBackOff
+	for {
+		err := m.checkRecord(ctx)
+		if err == nil || try || ctx.Err() != nil || errors.Is(err, ErrLimitMismatch) ||
+			errors.Is(err, sskv.ErrClosed) || refused(err) {
+			return err
+		}
+		if retry == nil {
+			retry = newBackoff(max(m.cfg.TTL/100, time.Millisecond), max(m.cfg.TTL/4, time.Millisecond))
+		}
+		m.cfg.Logger.Debug("rwmutex: could not check the record; retrying", "name", m.cfg.Name, "error", err)
+		t := time.NewTimer(retry.NextBackOff())
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+	}
+}
+
 // checkRecord checks, once, that the record holds MaxReaders, writing it
 // if it is missing: participants that disagree would not see each other.
+// Each request waits at most RenewDeadline for its answer.
 func (m *RWMutex) checkRecord(ctx context.Context) error {
 	want := rwRecordPrefix + strconv.Itoa(m.cfg.MaxReaders)
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.RenewDeadline)
+	defer cancel()
 	for i := 0; !m.checked && i < 3; i++ {
 		res, err := m.c.Set(ctx, m.cfg.Name, []byte(want), sskv.SetOptions{Condition: sskv.IfNotExists})
 		if err == nil && !res.Applied {
@@ -328,7 +364,12 @@ func (m *RWMutex) checkRecord(ctx context.Context) error {
 // giveBack unlocks l, within RenewDeadline even if ctx has ended; a key it
 // misses expires within its TTL.
 func (m *RWMutex) giveBack(ctx context.Context, l *Lock) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.RenewDeadline)
+	m.giveBackWithin(ctx, l, m.cfg.RenewDeadline)
+}
+
+// giveBackWithin is giveBack within d.
+func (m *RWMutex) giveBackWithin(ctx context.Context, l *Lock, d time.Duration) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
 	defer cancel()
 	if err := l.Unlock(ctx); err != nil && !errors.Is(err, ErrNotHeld) {
 		m.cfg.Logger.Debug("rwmutex: could not give back a key", "key", l.Name(), "error", err)
@@ -411,6 +452,13 @@ func (m *RWMutex) current() *Lock {
 func (m *RWMutex) begin(ctx context.Context) error {
 	if m.isClosed() {
 		return ErrClosed
+	}
+	// A free turn is taken whatever ctx says, as Lock's is: an RUnlock or
+	// Unlock with an ended context still releases.
+	select {
+	case m.turn <- struct{}{}:
+		return nil
+	default:
 	}
 	select {
 	case m.turn <- struct{}{}:

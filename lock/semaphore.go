@@ -525,10 +525,16 @@ func (s *Semaphore) begin(ctx context.Context) error {
 	if s.isClosed() {
 		return s.wrap("", ErrClosed)
 	}
+	// A free turn is taken whatever ctx says, as Lock's is: a Release
+	// with an ended context still releases.
 	select {
 	case s.turn <- struct{}{}:
-	case <-ctx.Done():
-		return s.wrap("", ctx.Err())
+	default:
+		select {
+		case s.turn <- struct{}{}:
+		case <-ctx.Done():
+			return s.wrap("", ctx.Err())
+		}
 	}
 	if s.isClosed() {
 		<-s.turn

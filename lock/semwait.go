@@ -48,8 +48,12 @@ import (
 // queues again once its hold-off has ended.
 
 // gateFree reports whether a read finds nobody at the gate.
+//
+// A lost answer costs at most RenewDeadline, and counts as someone there.
 func (s *Semaphore) gateFree(ctx context.Context) bool {
-	res, err := s.c.Get(ctx, s.gate.Name())
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.RenewDeadline)
+	defer cancel()
+	res, err := s.c.Get(rctx, s.gate.Name())
 	return err == nil && !res.Found
 }
 
@@ -97,8 +101,12 @@ func (heldOff) Error() string { return "lock: held off after a reconnect" }
 
 // leaveGate releases the gate, whatever ctx says (for a TTL at most): a
 // gate left held would hold the next waiter up until it expired.
+//
+// The release waits at most a quarter of RenewDeadline: Acquire returns
+// after it, and the slot just taken must be left most of its renew
+// deadline. A gate not released in time expires after its TTL.
 func (s *Semaphore) leaveGate(ctx context.Context) {
-	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.TTL)
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RenewDeadline/4)
 	defer cancel()
 	if err := s.gate.Unlock(uctx); err != nil && !errors.Is(err, ErrNotHeld) {
 		s.log.Debug("could not release the gate; it expires after the TTL", "error", err)
