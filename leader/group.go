@@ -113,6 +113,8 @@ func NewGroup(c *sskv.Client, group string, elections []string, value []byte, op
 	if o.candidateID == "" {
 		o.candidateID = c.ID() + "/" + randHex(8)
 	}
+	// Priorities are not applied to a Group yet (see its documentation).
+	o.priority, o.prioritySet = 0, false
 	// Validate the options as a term's lock, and a slot's, would: those
 	// with the longest keys, which must not be too long to watch.
 	longest := slices.MaxFunc(sorted, func(a, b string) int { return len(a) - len(b) })
