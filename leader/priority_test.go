@@ -3,7 +3,6 @@ package leader_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,7 +16,6 @@ import (
 type works struct {
 	t       *testing.T
 	running atomic.Int32
-	mu      sync.Mutex
 	started map[string]chan *leader.Term // by candidate: each start of its work
 	causes  map[string]chan error        // by candidate: why its work's context ended
 }
