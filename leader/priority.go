@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -241,7 +242,7 @@ func (pr *prioritized) lead(t *Term) {
 			return
 		}
 		id, p, ok := parsePriority(ev.Value)
-		if !ok || id == pr.id || p <= pr.p {
+		if !ok || id == pr.id || p <= pr.p || strings.Contains(id, "\n") {
 			return
 		}
 		if to := t.xfer.request(id); to == id {

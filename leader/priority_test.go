@@ -235,3 +235,18 @@ func TestTransferToGoneCandidate(t *testing.T) {
 		t.Fatal("a second Transfer of an ended term succeeded")
 	}
 }
+
+// A Transfer to an invalid id fails before the term is given up: it goes
+// on.
+func TestTermTransferInvalidID(t *testing.T) {
+	srv := startStore(t)
+	a := campaign(t, dial(t, srv.Addr()), "a", leader.WithCandidateID("a"))
+	for _, id := range []string{"", "a", "x\ny"} {
+		if err := a.Transfer(testCtx(t), id); !errors.Is(err, leader.ErrConfig) {
+			t.Errorf("Transfer(%q) = %v; want ErrConfig", id, err)
+		}
+	}
+	if err := a.Err(); err != nil {
+		t.Fatalf("the term ended: %v", err)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -221,8 +222,9 @@ func (t *Term) Resign(ctx context.Context) error {
 // Resign would), or the write's outcome is unknown (the key is then
 // handed over, or expires after the TTL).
 func (t *Term) Transfer(ctx context.Context, candidateID string) error {
-	if candidateID == t.CandidateID() {
-		return &electionError{t.l.Name(), "transfer", fmt.Errorf("%w: a transfer to the leader itself", ErrConfig)}
+	if candidateID == "" || candidateID == t.CandidateID() || strings.Contains(candidateID, "\n") {
+		// Checked before the term is given up: it goes on.
+		return &electionError{t.l.Name(), "transfer", fmt.Errorf("%w: invalid candidate id %q (empty, the leader's own, or with a newline)", ErrConfig, candidateID)}
 	}
 	err, notHanded := t.giveUp(ctx, candidateID)
 	if err == nil {
