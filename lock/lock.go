@@ -338,6 +338,14 @@ func reservation(holderID string) []byte {
 	return []byte(holderID + "\n" + handoverTag + "\n")
 }
 
+// isReservation reports whether value is reservation(holderID), without
+// making it: a waiter checks each notification of the key.
+func isReservation(value []byte, holderID string) bool {
+	n := len(holderID)
+	return len(value) == n+len(handoverTag)+2 && string(value[:n]) == holderID && value[n] == '\n' &&
+		string(value[n+1:len(value)-1]) == handoverTag && value[len(value)-1] == '\n'
+}
+
 // UnlockTo ends the holding (Err is ErrReleased), as Unlock does, and hands
 // the lock to the racing waiter whose HolderID is holderID: in place of the
 // delete, one SET fenced with the holding's token (so it replaces only this
@@ -345,7 +353,8 @@ func reservation(holderID string) []byte {
 // Call it once the guarded work has returned. Waiters of other ids see the
 // key held and go on sleeping; the named waiter, if it waits, takes the key
 // at once (see Config.Race). If it does not, the reservation expires after
-// the TTL, and the waiters race for the key as after any expiry.
+// the TTL, and the waiters race for the key as after any expiry. A
+// HolderID is never shared by two Locks: the reservation names one waiter.
 //
 // It needs Config.FenceKey and Config.Race (a queue hands the lock to its
 // own first waiter). A holding that ended before (lost) is not handed

@@ -115,7 +115,7 @@ func (r *racer) attempt(ctx context.Context, cn *sskv.Conn, handed []byte, ft hl
 // handedMe reports whether value is a reservation of the key for this
 // waiter, written by a holder's UnlockTo.
 func (r *racer) handedMe(value []byte) bool {
-	return r.cfg.FenceKey && r.cfg.HolderID != "" && bytes.Equal(value, reservation(r.cfg.HolderID))
+	return r.cfg.FenceKey && r.cfg.HolderID != "" && isReservation(value, r.cfg.HolderID)
 }
 
 // reservedOn reports whether a read through cn finds the key reserved for
