@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"regexp"
@@ -175,6 +176,53 @@ func TestElectPriority(t *testing.T) {
 	high.signal(t, syscall.SIGTERM)
 	high.wantExit(t, exitOK, "")
 	plain.stdout.WaitFor(t, regexp.MustCompile(`^leader plain `))
+	plain.signal(t, syscall.SIGTERM)
+	plain.wantExit(t, exitOK, "")
+}
+
+// A leader asked to hand over by a candidate process of a higher priority
+// that is then killed (kill -9) before the handover: the reservation for
+// it expires, and an ordinary election follows within about a TTL; the
+// killed candidate never leads.
+func TestElectTransferToKilledCandidate(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const ttl = time.Second
+	term, err := leader.Campaign(ctx, dialStore(t, srv.Addr()), "svc", []byte("low"),
+		leader.WithTTL(ttl), leader.WithPriority(1), leader.WithCandidateID("low"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain := startSSKV(t, "-addr", srv.Addr(), "elect", "-ttl", "1s", "svc", "plain")
+	plain.stderr.WaitFor(t, campaigning)
+	high := startSSKV(t, "-addr", srv.Addr(), "elect", "-ttl", "1s", "-priority", "2", "svc", "high")
+	select {
+	case <-term.Context().Done():
+	case <-ctx.Done():
+		t.Fatal("the leader was not asked to hand over")
+	}
+	if cause := context.Cause(term.Context()); !errors.Is(cause, leader.ErrTransferred) || term.Err() != nil {
+		t.Fatalf("the leader's context ended with %v (Err %v); want ErrTransferred while leading", cause, term.Err())
+	}
+	if err := high.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-high.exited
+
+	start := time.Now()
+	if err := term.Resign(ctx); err != nil {
+		t.Fatalf("Resign: %v", err)
+	}
+	plain.stdout.WaitFor(t, regexp.MustCompile(`^leader plain `+tokenPattern+`\n$`))
+	d := time.Since(start)
+	t.Logf("plain leads %v after the handover to the killed candidate", d)
+	if d < ttl/2 || d > 5*ttl {
+		t.Errorf("plain led %v after the handover; want about the TTL (%v), when the reservation expires", d, ttl)
+	}
+	if out := high.stdout.String(); out != "" {
+		t.Errorf("the killed candidate printed %q", out)
+	}
 	plain.signal(t, syscall.SIGTERM)
 	plain.wantExit(t, exitOK, "")
 }
