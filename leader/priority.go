@@ -166,13 +166,17 @@ func (pr *prioritized) challenge(ctx context.Context) {
 		_, _ = pr.c.VDel(dctx, challengeKey(pr.election), mine, sskv.DelOptions{})
 	}()
 
-	renew := time.NewTicker(max(pr.ttl/3, time.Millisecond))
+	// renew fires TTL/3 after a judgment that found this candidate
+	// outranking the leader (to renew its challenge), or that failed; it
+	// is stopped otherwise: a candidate that does not challenge sends
+	// nothing and wakes for nothing while the leader renews.
+	renew := time.NewTimer(time.Hour)
+	renew.Stop()
 	defer renew.Stop()
 	var term lock.Holder // the term last judged
-	outranks := false
 	// judge reads the leader's priority and writes the challenge if this
-	// candidate outranks it.
-	judge := func() {
+	// candidate outranks it; it reports whether to judge again later.
+	judge := func() (again bool) {
 		rctx, cancel := context.WithTimeout(ctx, pr.ttl)
 		defer cancel()
 		lp := 0
@@ -181,26 +185,32 @@ func (pr *prioritized) challenge(ctx context.Context) {
 				lp = p
 			}
 		} else if err != nil {
-			return // tried again at the next tick
+			return true
 		}
-		outranks = lp < pr.p
-		if !outranks {
-			return
+		if lp >= pr.p {
+			return false
 		}
 		// Another challenger of a priority as high keeps its challenge.
 		if res, err := pr.c.Get(rctx, challengeKey(pr.election)); err == nil && res.Found && !bytes.Equal(res.Value, mine) {
 			if _, p, ok := parsePriority(res.Value); ok && p >= pr.p {
-				return
+				return true
 			}
 		}
 		if _, err := pr.c.Set(rctx, challengeKey(pr.election), mine, sskv.SetOptions{Expiry: pr.ttl}); err != nil {
 			pr.log.Debug("could not write the challenge", "error", err)
-			return
+			return true
 		}
 		if !wrote {
 			pr.log.Info("challenging the leader", "leader", term.ID, "leader priority", lp, "priority", pr.p)
 		}
 		wrote = true
+		return true
+	}
+	rejudge := func(again bool) {
+		renew.Stop()
+		if again {
+			renew.Reset(max(pr.ttl/3, time.Millisecond))
+		}
 	}
 	for {
 		select {
@@ -211,17 +221,18 @@ func (pr *prioritized) challenge(ctx context.Context) {
 			h := latest
 			mu.Unlock()
 			if h.Token.IsZero() || h.ID == pr.id {
-				outranks = false // nobody leads (or a handover to this candidate): the campaign takes the key
+				// Nobody leads (or a handover to this candidate): the
+				// campaign takes the key.
+				term = h
+				rejudge(false)
 				continue
 			}
 			if h.Token != term.Token || h.ID != term.ID {
 				term = h
-				judge()
+				rejudge(judge())
 			}
 		case <-renew.C:
-			if outranks {
-				judge()
-			}
+			rejudge(judge())
 		}
 	}
 }

@@ -250,3 +250,19 @@ func TestTermTransferInvalidID(t *testing.T) {
 		t.Fatalf("the term ended: %v", err)
 	}
 }
+
+// Candidates of rising priorities join: the highest ends up leading, and
+// the works never overlap.
+func TestPriorityHighestWins(t *testing.T) {
+	srv := startStore(t)
+	w := newWorks(t, "a", "b", "c")
+	ttl := leader.WithTTL(time.Minute)
+	runElector(t, dial(t, srv.Addr()), "a", w, ttl, leader.WithPriority(1))
+	w.waitStart("a")
+	runElector(t, dial(t, srv.Addr()), "b", w, ttl, leader.WithPriority(2))
+	runElector(t, dial(t, srv.Addr()), "c", w, ttl, leader.WithPriority(3))
+	term := w.waitStart("c")
+	if s := currentLeader(t, dial(t, srv.Addr())); s.ID != "c" || s.Token != term.Token() {
+		t.Fatalf("Leader = %+v; want c's term %v", s, term.Token())
+	}
+}
