@@ -806,8 +806,8 @@ func (l *Lock) dropReservation(ctx context.Context) {
 func endedRelease(ttl time.Duration) time.Duration { return min(ttl, time.Second) }
 
 // release ends the holding and deletes the key if it is still this Lock's.
-// The caller has the turn. With to (UnlockTo), a holding that lasted until now writes a reservation
-// for to in place of the delete.
+// The caller has the turn. With to (UnlockTo), a holding that lasted
+// until now writes a reservation for to in place of the delete.
 func (l *Lock) release(ctx context.Context, to string) (err error) {
 	h := l.holding()
 	if h.sched == nil { // never acquired
