@@ -8,6 +8,7 @@ import (
 	"github.com/dsslock/dsslock/internal/storetest"
 	"github.com/dsslock/dsslock/lock"
 	"github.com/dsslock/dsslock/sskv"
+	"github.com/dsslock/dsslock/sskv/localstore"
 )
 
 // acquireAsync runs lock.Acquire of cfg on c in the background, and
@@ -202,5 +203,110 @@ func TestUnlockToConfig(t *testing.T) {
 		if err := l.UnlockTo(testCtx(t), id); !errors.Is(err, lock.ErrConfig) {
 			t.Errorf("UnlockTo(%q) = %v; want ErrConfig", id, err)
 		}
+	}
+}
+
+// A waiter whose client has just reconnected takes a key handed to it at
+// once, not after its hold-off (a TTL from the reconnect): a key that holds
+// its reservation has not vanished, and nobody else counts on it.
+func TestUnlockToTakenRightAfterReconnect(t *testing.T) {
+	const ttl = 2 * time.Second
+	srv := startStore(t)
+	ctx := testCtx(t)
+	cfg := lock.Config{Name: "q", TTL: ttl, FenceKey: true, Race: true}
+	as, bs := cfg, cfg
+	as.HolderID, bs.HolderID = "a", "b"
+	a := newLock(t, dial(t, srv.Addr()), as)
+	mustLock(t, a)
+	wc := dial(t, srv.Addr())
+	got := acquireAsync(t, srv, wc, bs)
+	before, err := wc.Connection(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Kick(wc.ID()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the waiter to reconnect", func() bool {
+		cn, err := wc.Connection(ctx)
+		return err == nil && cn != before && srv.Watching(wc.ID(), "q")
+	})
+	start := time.Now()
+	if err := a.UnlockTo(ctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case b := <-got:
+		if b == nil {
+			t.FailNow()
+		}
+		t.Logf("taken %v after UnlockTo", time.Since(start).Round(time.Millisecond))
+		_ = b.Close(ctx)
+	case <-time.After(ttl / 2):
+		t.Fatalf("the waiter had not taken the key handed to it %v after UnlockTo (TTL %v)", time.Since(start), ttl)
+	}
+}
+
+// A waiter cut off from the store's messages while the key is handed to
+// it misses the reservation; it expires, another Lock takes the key and is
+// cut off, and the key vanishes (deleted by hand, as a store restart would
+// lose it) while that Lock still counts on it. The waiter reconnects: it
+// must not take the key within its hold-off. (The store drops what it held
+// back, so the waiter never hears of the reservation here: this guards the
+// hold-off of a waiter that was handed the key, not the read that confirms
+// a reservation it heard of, which TestUnlockToTakenRightAfterReconnect
+// covers from the other side.)
+func TestUnlockToExpiredNotTakenAfterReconnect(t *testing.T) {
+	const ttl = 2 * time.Second
+	srv := startStore(t)
+	ctx := testCtx(t)
+	cfg := lock.Config{Name: "q", TTL: ttl, FenceKey: true, Race: true}
+	as, bs := cfg, cfg
+	as.HolderID, bs.HolderID = "a", "b"
+	admin := dial(t, srv.Addr())
+	a := newLock(t, dial(t, srv.Addr()), as)
+	mustLock(t, a)
+	wc := dial(t, srv.Addr())
+	got := acquireAsync(t, srv, wc, bs)
+
+	// The waiter hears nothing more; the key is handed to it, and the
+	// reservation expires.
+	if err := srv.Hold(wc.ID(), localstore.FromStore); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.UnlockTo(ctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the reservation to expire", func() bool {
+		res, err := admin.Get(ctx, "q")
+		return err == nil && !res.Found
+	})
+	// Another takes it, and is cut off.
+	proxy := startProxy(t, srv.Addr())
+	other := newLock(t, dial(t, proxy.Addr()), cfg)
+	if ok, err := other.TryLock(ctx); !ok || err != nil {
+		t.Fatalf("TryLock = %v, %v", ok, err)
+	}
+	proxy.Partition()
+	if _, err := admin.Del(ctx, "q", sskv.DelOptions{FencingToken: other.Token()}); err != nil {
+		t.Fatal(err)
+	}
+	// The waiter comes back.
+	if err := srv.Kick(wc.ID()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case b := <-got:
+		if b == nil {
+			t.FailNow()
+		}
+		defer func() { _ = b.Close(ctx) }()
+	case <-time.After(waitTimeout):
+		t.Fatal("the waiter never took the key")
+	}
+	select {
+	case <-other.Done():
+	default:
+		t.Fatal("the waiter took the key while the Lock cut off still held it")
 	}
 }
