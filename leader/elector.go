@@ -80,7 +80,10 @@ func NewElector(c *sskv.Client, election string, value []byte, opts ...Option) (
 // is still this term's), and campaigns again. When ctx ends, Run waits for
 // work to return, resigns, and returns ctx's error. When work returns while
 // the term lasts, Run resigns and returns work's error (nil included): the
-// candidate has finished. The key is never released while work runs, so
+// candidate has finished. A term to be handed over ([Elector.Transfer],
+// [WithPriority]) ends the work's context with cause [ErrTransferred];
+// once work has returned, Run hands the term over and campaigns again,
+// whatever work returned. The key is never released while work runs, so
 // two works never run at once, in this process or across candidates
 // (within the lease's guarantees; see the package doc).
 //
