@@ -48,8 +48,10 @@ func NewElector(c *sskv.Client, election string, value []byte, opts ...Option) (
 	if c == nil {
 		return nil, &electionError{election, "elector", fmt.Errorf("%w: nil sskv.Client", ErrConfig)}
 	}
-	if o.prioritySet && o.priority < 0 {
-		return nil, &electionError{election, "elector", fmt.Errorf("%w: negative priority %d", ErrConfig, o.priority)}
+	if o.prioritySet {
+		if err := checkPriority(c, election, &o); err != nil {
+			return nil, &electionError{election, "elector", err}
+		}
 	}
 	if o.prioritySet && o.candidateID == "" {
 		o.candidateID = c.ID() + "/" + randHex(8) // the same for all its campaigns

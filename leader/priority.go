@@ -109,8 +109,8 @@ func newPrioritized(c *sskv.Client, election string, value []byte, o *options) (
 	if !o.prioritySet {
 		return nil, nil
 	}
-	if o.priority < 0 {
-		return nil, fmt.Errorf("%w: negative priority %d", ErrConfig, o.priority)
+	if err := checkPriority(c, election, o); err != nil {
+		return nil, err
 	}
 	if o.candidateID == "" {
 		o.candidateID = c.ID() + "/" + randHex(8)
@@ -124,6 +124,19 @@ func newPrioritized(c *sskv.Client, election string, value []byte, o *options) (
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &prioritized{c: c, election: election, id: o.candidateID, p: o.priority, ttl: l.Config().TTL, log: log}, nil
+}
+
+// checkPriority checks WithPriority's value, and that the challenge key of
+// election can be watched through c.
+func checkPriority(c *sskv.Client, election string, o *options) error {
+	if o.priority < 0 {
+		return fmt.Errorf("%w: negative priority %d", ErrConfig, o.priority)
+	}
+	if n, maxKey := len(challengeKey(election)), c.MaxWatchKey(); n > maxKey {
+		return fmt.Errorf("%w: the election's name is too long for WithPriority: its challenge key has %d bytes, and this client can watch keys of at most %d (%w)",
+			ErrConfig, n, maxKey, sskv.ErrKeyTooLong)
+	}
+	return nil
 }
 
 // challenge runs while the candidate waits, until ctx ends: at each new

@@ -3,6 +3,7 @@ package leader_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -264,5 +265,31 @@ func TestPriorityHighestWins(t *testing.T) {
 	term := w.waitStart("c")
 	if s := currentLeader(t, dial(t, srv.Addr())); s.ID != "c" || s.Token != term.Token() {
 		t.Fatalf("Leader = %+v; want c's term %v", s, term.Token())
+	}
+}
+
+func TestPriorityConfig(t *testing.T) {
+	srv := startStore(t)
+	c := dial(t, srv.Addr())
+	// Long enough for a term's keys with a one-byte id, not for the
+	// challenge key.
+	long := strings.Repeat("e", c.MaxWatchKey()-8)
+	for _, tc := range []struct {
+		election string
+		opts     []leader.Option
+	}{
+		{"e", []leader.Option{leader.WithPriority(-1)}},
+		{long, []leader.Option{leader.WithPriority(1), leader.WithCandidateID("x")}},
+	} {
+		if _, err := leader.Campaign(testCtx(t), c, tc.election, nil, tc.opts...); !errors.Is(err, leader.ErrConfig) {
+			t.Errorf("Campaign(%d bytes) = %v; want ErrConfig", len(tc.election), err)
+		}
+		if _, err := leader.NewElector(c, tc.election, nil, tc.opts...); !errors.Is(err, leader.ErrConfig) {
+			t.Errorf("NewElector(%d bytes) = %v; want ErrConfig", len(tc.election), err)
+		}
+	}
+	// Without WithPriority, the long name is fine.
+	if _, err := leader.NewElector(c, long, nil, leader.WithCandidateID("x")); err != nil {
+		t.Errorf("NewElector(%d bytes) without priority = %v", len(long), err)
 	}
 }
