@@ -174,7 +174,11 @@ func (pr *prioritized) challenge(ctx context.Context) {
 		if !wrote {
 			return
 		}
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pr.ttl)
+		// A challenge left behind could have the leader hand over to a
+		// candidate that has gone (a TTL without a leader); but the
+		// campaign's return waits for this: a store away costs at most a
+		// second (the TTL if shorter), and the challenge expires anyway.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(pr.ttl, time.Second))
 		defer cancel()
 		_, _ = pr.c.VDel(dctx, challengeKey(pr.election), mine, sskv.DelOptions{})
 	}()
