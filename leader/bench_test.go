@@ -216,3 +216,84 @@ func runtimeUse() (int, uint64) {
 	runtime.ReadMemStats(&ms)
 	return runtime.NumGoroutine(), ms.HeapInuse
 }
+
+// Priority takeover: a candidate of a higher priority than the leader's
+// joins; the leader's work (which returns as soon as its context ends)
+// hands over. Measured from the candidate's Campaign call to its return.
+func BenchmarkPriorityTakeover(b *testing.B) {
+	srv := startStore(b)
+	cs := [2]*sskv.Client{dial(b, srv.Addr()), dial(b, srv.Addr())}
+	ctx := testCtx(b)
+	ttl := leader.WithTTL(time.Minute)
+	term, err := leader.Campaign(ctx, cs[0], "e", []byte("0"), ttl, leader.WithPriority(0))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var ds []time.Duration
+	i := 0
+	for b.Loop() {
+		w := (i + 1) % 2
+		i++
+		// The leader's work: it returns once the term is asked for.
+		go func(t *leader.Term) {
+			<-t.Context().Done()
+			_ = t.Resign(ctx)
+		}(term)
+		start := time.Now()
+		t, err := leader.Campaign(ctx, cs[w], "e", []byte{byte('0' + w)}, ttl, leader.WithPriority(i))
+		if err != nil {
+			b.Fatal(err)
+		}
+		ds = append(ds, time.Since(start))
+		term = t
+	}
+	b.StopTimer()
+	_ = term.Resign(ctx)
+	reportPercentiles(b, ds, "ms")
+}
+
+// Transfer: the leader hands the election to a named waiting candidate.
+// Measured from Term.Transfer to the candidate's Campaign returning.
+func BenchmarkTransfer(b *testing.B) {
+	srv := startStore(b)
+	cs := [2]*sskv.Client{dial(b, srv.Addr()), dial(b, srv.Addr())}
+	ctx := testCtx(b)
+	ttl := leader.WithTTL(time.Minute)
+	term, err := leader.Campaign(ctx, cs[0], "e", []byte("0"), ttl, leader.WithCandidateID("0"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var ds []time.Duration
+	i := 0
+	for b.Loop() {
+		w := (i + 1) % 2
+		i++
+		type elected struct {
+			t  *leader.Term
+			at time.Time
+		}
+		got := make(chan elected, 1)
+		id := string(rune('0' + w))
+		go func() {
+			t, err := leader.Campaign(ctx, cs[w], "e", []byte(id), ttl, leader.WithCandidateID(id))
+			if err != nil {
+				b.Error(err)
+			}
+			got <- elected{t, time.Now()}
+		}()
+		waitFor(b, "the follower to watch", func() bool { return srv.Watching(cs[w].ID(), "e") })
+		start := time.Now()
+		if err := term.Transfer(ctx, id); err != nil {
+			b.Fatal(err)
+		}
+		e := <-got
+		if e.t == nil {
+			b.FailNow()
+		}
+		ds = append(ds, e.at.Sub(start))
+		term = e.t
+	}
+	b.StopTimer()
+	_ = term.Resign(ctx)
+	reportPercentiles(b, ds, "ms")
+}

@@ -53,6 +53,12 @@
 //     never deletes it, and [Elector.Run] resigns only once the work has
 //     returned. A resign does not wait for a store that is away (the error
 //     wraps lock.ErrNotReleased); Elector.Run bounds its wait by the TTL.
+//   - A transfer ([Term.Transfer], [Elector.Transfer], or to a candidate of
+//     a higher priority: [WithPriority]) happens only once the work has
+//     returned, with one write fenced with the term's token that reserves
+//     the key for the named candidate: it takes the key at once, and nobody
+//     else in between; if it has gone, the reservation expires after the
+//     TTL and an ordinary election follows.
 //   - Term tokens increase strictly from one term to the next, and the store
 //     refuses writes fenced with a term's token (package fenced), and that
 //     term's Proclaim or renewal, once a later term has written the key.

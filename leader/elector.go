@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,6 +31,13 @@ type Elector struct {
 	term      *Term // while the work of a term runs
 	resigning *Term // after its work returned, while Run resigns it
 	runs      bool
+	handing   *handing // a Transfer waiting for Run to hand the term over
+}
+
+// handing is the outcome of a handover, which Transfer waits for.
+type handing struct {
+	done chan struct{}
+	err  error
 }
 
 // NewElector returns an Elector for a candidate of election that publishes
@@ -39,6 +47,14 @@ func NewElector(c *sskv.Client, election string, value []byte, opts ...Option) (
 	o := newOptions(opts)
 	if c == nil {
 		return nil, &electionError{election, "elector", fmt.Errorf("%w: nil sskv.Client", ErrConfig)}
+	}
+	if o.prioritySet {
+		if err := checkPriority(c, election, &o); err != nil {
+			return nil, &electionError{election, "elector", err}
+		}
+	}
+	if o.prioritySet && o.candidateID == "" {
+		o.candidateID = c.ID() + "/" + randHex(8) // the same for all its campaigns
 	}
 	// Validate the options as a term's lock would.
 	l, err := lock.New(c, o.lockConfig(election, value))
@@ -66,7 +82,10 @@ func NewElector(c *sskv.Client, election string, value []byte, opts ...Option) (
 // is still this term's), and campaigns again. When ctx ends, Run waits for
 // work to return, resigns, and returns ctx's error. When work returns while
 // the term lasts, Run resigns and returns work's error (nil included): the
-// candidate has finished. The key is never released while work runs, so
+// candidate has finished. A term to be handed over ([Elector.Transfer],
+// [WithPriority]) ends the work's context with cause [ErrTransferred];
+// once work has returned, Run hands the term over and campaigns again,
+// whatever work returned. The key is never released while work runs, so
 // two works never run at once, in this process or across candidates
 // (within the lease's guarantees; see the package doc).
 //
@@ -115,6 +134,7 @@ func (e *Elector) Run(ctx context.Context, work func(ctx context.Context, t *Ter
 		}
 
 		wctx, cancel := context.WithCancelCause(t.Context())
+		t.xfer.onRequest(cancel) // Transfer ends the work too
 		stop := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
 		werr := work(wctx, t)
 		stop()
@@ -125,12 +145,34 @@ func (e *Elector) Run(ctx context.Context, work func(ctx context.Context, t *Ter
 		// the resign below waits for. Now the key may go.
 		e.mu.Lock()
 		e.term, e.resigning = nil, t
+		hd := e.handing
+		e.handing = nil
+		// A term asked to hand over goes to that candidate (see Term.Resign).
+		// Read with e.mu, as Transfer asks: a Transfer that got the term
+		// asked before this.
+		to := t.xfer.target()
 		e.mu.Unlock()
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), e.ttl)
-		if err := t.Resign(rctx); err != nil {
-			e.log.Warn("could not resign; the term's key expires after the TTL", "error", err)
-		}
+		err, notHanded := t.giveUp(rctx, to)
 		rcancel()
+		switch {
+		case err != nil:
+			e.log.Warn("could not resign; the term's key expires after the TTL", "error", err)
+		case notHanded != nil:
+			e.log.Warn("could not hand the term over; resigned", "to", to, "error", notHanded)
+		case to != "":
+			e.log.Info("handed over", "to", to, "token", t.Token())
+		}
+		if hd != nil {
+			hd.err = err
+			if hd.err == nil {
+				hd.err = notHanded
+			}
+			if hd.err != nil {
+				hd.err = &electionError{e.election, "transfer", hd.err}
+			}
+			close(hd.done)
+		}
 		e.mu.Lock()
 		e.resigning = nil
 		e.mu.Unlock()
@@ -142,9 +184,49 @@ func (e *Elector) Run(ctx context.Context, work func(ctx context.Context, t *Ter
 			return ctx.Err()
 		case lost != nil:
 			e.log.Warn("leadership lost; campaigning again", "token", t.Token(), "reason", lost)
+		case to != "":
+			// Handed over: this candidate campaigns again, behind the one
+			// it handed over to.
 		default:
 			return werr
 		}
+	}
+}
+
+// Transfer hands leadership over to the candidate whose id is candidateID
+// (see [Term.Transfer]): it ends the work's context (cause
+// [ErrTransferred]), and Run, once the work has returned, hands the term
+// to that candidate in place of a resign, then campaigns again. Transfer
+// returns once that is done, or ctx ends first. It returns an error
+// wrapping [ErrNotLeading] if this Elector does not lead, and Term.Transfer's
+// error if the term could not be handed over. Once a term is to go to a
+// candidate (an earlier Transfer, or one of a higher priority), a
+// Transfer to another fails.
+func (e *Elector) Transfer(ctx context.Context, candidateID string) error {
+	e.mu.Lock()
+	t := e.term
+	if t == nil || t.Err() != nil {
+		e.mu.Unlock()
+		return &electionError{e.election, "transfer", ErrNotLeading}
+	}
+	if candidateID == "" || candidateID == t.CandidateID() || strings.Contains(candidateID, "\n") {
+		e.mu.Unlock()
+		return &electionError{e.election, "transfer", fmt.Errorf("%w: invalid candidate id %q", ErrConfig, candidateID)}
+	}
+	if to := t.xfer.request(candidateID); to != candidateID {
+		e.mu.Unlock()
+		return &electionError{e.election, "transfer", fmt.Errorf("the term is being handed over to %q already", to)}
+	}
+	if e.handing == nil {
+		e.handing = &handing{done: make(chan struct{})}
+	}
+	hd := e.handing
+	e.mu.Unlock()
+	select {
+	case <-hd.done:
+		return hd.err
+	case <-ctx.Done():
+		return &electionError{e.election, "transfer", ctx.Err()}
 	}
 }
 

@@ -179,3 +179,50 @@ func ExampleGroup_Run() {
 	// replica-1 leads [orders/shard-0 orders/shard-1]
 	// replica-2 leads [orders/shard-2 orders/shard-3]
 }
+
+// A rolling upgrade: the new version campaigns with a higher priority; the
+// old leader's work context ends, and once its work has returned the term
+// goes to the new version at once, nobody in between.
+func ExampleWithPriority() {
+	srv, err := localstore.Start(localstore.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	dial := func(id string) *sskv.Client {
+		c, err := sskv.Dial(ctx, sskv.Config{Addr: srv.Addr(), ClientID: id})
+		if err != nil {
+			log.Fatal(err)
+		}
+		return c
+	}
+	v1, v2 := dial("app-v1"), dial("app-v2")
+	defer v1.Close()
+	defer v2.Close()
+
+	old, err := leader.Campaign(ctx, v1, "app/leader", []byte("v1"), leader.WithCandidateID("app-v1"), leader.WithPriority(1))
+	if err != nil {
+		log.Fatal(err)
+	}
+	elected := make(chan *leader.Term)
+	go func() {
+		t, err := leader.Campaign(ctx, v2, "app/leader", []byte("v2"), leader.WithCandidateID("app-v2"), leader.WithPriority(2))
+		if err != nil {
+			log.Fatal(err)
+		}
+		elected <- t
+	}()
+	<-old.Context().Done() // the old leader's work stops...
+	fmt.Println(context.Cause(old.Context()))
+	if err := old.Resign(ctx); err != nil { // ...and, once it has, hands over
+		log.Fatal(err)
+	}
+	term := <-elected
+	fmt.Println("leader", term.CandidateID(), "after", old.CandidateID())
+	_ = term.Resign(ctx)
+	// Output:
+	// leader: leadership is being transferred to "app-v2"
+	// leader app-v2 after app-v1
+}

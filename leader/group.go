@@ -42,6 +42,16 @@ const maxMaxMembers = 1024
 // [Assignment] from the live members and the elections, and campaigns only
 // in the elections assigned to it. docs/design/leader.md, "Groups: many
 // elections", describes how.
+//
+// A Group ignores [WithPriority] for now. Where priorities belong is
+// decided: per member (a member's priority applies to every election it
+// takes part in), since what users ask for is a member preferred as a
+// whole (the new version of a rolling upgrade, the node nearest the
+// devices), not a preference shard by shard. But the Assignment already
+// says who campaigns in each election, and a priority must enter it (a
+// member of a higher priority takes its share first) rather than fight it
+// with challenges that the Assignment would undo at the next change of
+// members. That change of the Assignment is not made yet.
 type Group struct {
 	c          *sskv.Client
 	name       string
@@ -113,6 +123,8 @@ func NewGroup(c *sskv.Client, group string, elections []string, value []byte, op
 	if o.candidateID == "" {
 		o.candidateID = c.ID() + "/" + randHex(8)
 	}
+	// Priorities are not applied to a Group yet (see its documentation).
+	o.priority, o.prioritySet = 0, false
 	// Validate the options as a term's lock, and a slot's, would: those
 	// with the longest keys, which must not be too long to watch.
 	longest := slices.MaxFunc(sorted, func(a, b string) int { return len(a) - len(b) })

@@ -22,6 +22,8 @@ type options struct {
 	onNewLeader                       func(State)
 	healthTolerance                   time.Duration
 	maxMembers                        int
+	priority                          int
+	prioritySet                       bool
 	// endTime: the terms record when they end, for Elector.Check. Only an
 	// Elector reads it, so a plain campaign spares its terms the cost.
 	endTime bool
@@ -58,6 +60,20 @@ func WithMaxHold(d time.Duration) Option { return func(o *options) { o.maxHold =
 // 16 random hex digits, new for each campaign. For a [Group] it is the
 // member's id, also the candidate id of each of its terms.
 func WithCandidateID(id string) Option { return func(o *options) { o.candidateID = id } }
+
+// WithPriority makes the candidate take part in the priority protocol
+// with priority p (0 or more; higher wins). While a candidate of a higher
+// priority than the leader's campaigns, the leader's work context ends
+// (cause [ErrTransferred]) and, once the work has returned, the term goes
+// to that candidate at once, as [Term.Transfer] gives it ([Elector.Run]
+// does so, and so does [Term.Resign]). Only candidates with this option
+// take part: a leader without it neither publishes a priority nor hears
+// challenges (a plain election costs nothing more). The candidate id,
+// unless given, is fixed for the campaign (an Elector's for all of them):
+// the handover names it. A [Group] ignores it: see its documentation.
+func WithPriority(p int) Option {
+	return func(o *options) { o.priority, o.prioritySet = p, true }
+}
 
 // WithLogger sets the logger of campaigns and terms (elected, lost,
 // resigned at Info). Default: discarded.

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,12 +38,29 @@ func Campaign(ctx context.Context, c *sskv.Client, election string, value []byte
 }
 
 func campaign(ctx context.Context, c *sskv.Client, election string, value []byte, o *options) (*Term, error) {
+	pr, err := newPrioritized(c, election, value, o)
+	if err != nil {
+		return nil, &electionError{election, "campaign", err}
+	}
+	var challenged sync.WaitGroup
+	cctx, stopChallenge := context.WithCancel(ctx)
+	if pr != nil {
+		challenged.Go(func() { pr.challenge(cctx) })
+	}
 	// A follower keeps no Lock while it waits (see lock.Acquire).
 	l, err := lock.Acquire(ctx, c, o.lockConfig(election, value))
+	stopChallenge()
+	challenged.Wait()
 	if err != nil {
 		return nil, &electionError{election, "campaign", err}
 	}
 	t := &Term{l: l, value: bytes.Clone(value)}
+	if pr != nil {
+		var cancel context.CancelCauseFunc
+		t.ctx, cancel = context.WithCancelCause(l.Context())
+		t.xfer.onRequest(cancel)
+		pr.lead(t)
+	}
 	leading := o.metrics.Leading // not o: the term keeps no copy of the options
 	if o.endTime || leading != nil {
 		context.AfterFunc(l.Context(), func() {
@@ -67,6 +86,10 @@ type Term struct {
 	// the election, its token the term's.
 	l     *lock.Lock
 	ended atomic.Value // time.Time: when the term ended
+	// ctx is the term's Context with WithPriority: it also ends when the
+	// term is to be handed over. Nil without: the Lock's.
+	ctx  context.Context
+	xfer transfer // a request to hand the term over
 
 	mu        sync.Mutex
 	value     []byte
@@ -93,7 +116,15 @@ func (t *Term) Value() []byte {
 
 // Context returns a context cancelled the moment the term ends (lost or
 // resigned); context.Cause of it is Err. Give it to the leader's work.
-func (t *Term) Context() context.Context { return t.l.Context() }
+// With [WithPriority], it also ends, with cause [ErrTransferred], when a
+// candidate of a higher priority asks for the term: the term still holds
+// the key, and Resign, once the work has returned, hands it over.
+func (t *Term) Context() context.Context {
+	if t.ctx != nil {
+		return t.ctx
+	}
+	return t.l.Context()
+}
 
 // Done returns a channel closed when the term ends.
 func (t *Term) Done() <-chan struct{} { return t.l.Done() }
@@ -165,18 +196,65 @@ func (t *Term) Proclaim(ctx context.Context, value []byte) error {
 // term is resigned once, and later calls return nil. An error means the
 // key may not have been deleted (the store did not answer, or the client
 // was closed): it then expires after at most the TTL.
+//
+// A term asked to hand over (see [WithPriority] and [Elector.Transfer])
+// goes to that candidate, as Transfer does; if it cannot (the term was
+// lost meanwhile), Resign does what it does for any term.
 func (t *Term) Resign(ctx context.Context) error {
-	err := t.l.Unlock(ctx)
+	err, _ := t.giveUp(ctx, t.xfer.target())
+	if err != nil {
+		return &electionError{t.l.Name(), "resign", err}
+	}
+	return nil
+}
+
+// Transfer ends the term and hands the election to the candidate whose id
+// is candidateID, as Resign does but without a race: one write, fenced with
+// the term's token, reserves the key for that candidate, which takes it at
+// once if it campaigns; the other candidates go on waiting. Call it after
+// the work the term guarded has returned. A candidate that does not
+// campaign any more lets the reservation expire: after a TTL, an ordinary
+// election follows.
+//
+// The candidate must campaign with that id ([WithCandidateID], or a
+// [WithPriority] candidate's own). An error means the term was not handed
+// over: it had ended already (lost or resigned; the key is deleted as
+// Resign would), or the write's outcome is unknown (the key is then
+// handed over, or expires after the TTL).
+func (t *Term) Transfer(ctx context.Context, candidateID string) error {
+	if candidateID == "" || candidateID == t.CandidateID() || strings.Contains(candidateID, "\n") {
+		// Checked before the term is given up: it goes on.
+		return &electionError{t.l.Name(), "transfer", fmt.Errorf("%w: invalid candidate id %q (empty, the leader's own, or with a newline)", ErrConfig, candidateID)}
+	}
+	err, notHanded := t.giveUp(ctx, candidateID)
+	if err == nil {
+		err = notHanded
+	}
+	if err != nil {
+		return &electionError{t.l.Name(), "transfer", err}
+	}
+	return nil
+}
+
+// giveUp ends the term: hands it to the candidate to, or resigns it if to
+// is empty. err is Resign's error; notHanded, why a transfer did not hand
+// it over (a term resigned or lost before).
+func (t *Term) giveUp(ctx context.Context, to string) (err, notHanded error) {
+	if to == "" {
+		err = t.l.Unlock(ctx)
+	} else {
+		err = t.l.UnlockTo(ctx, to)
+		if errors.Is(err, lock.ErrNotHeld) || errors.Is(err, lock.ErrClosed) || errors.Is(err, ErrLost) {
+			notHanded, err = err, nil
+		}
+	}
 	if errors.Is(err, lock.ErrNotHeld) || errors.Is(err, lock.ErrClosed) {
 		err = nil
 	}
 	if cerr := t.l.Close(ctx); err == nil && !errors.Is(cerr, lock.ErrNotHeld) {
 		err = cerr
 	}
-	if err != nil {
-		return &electionError{t.l.Name(), "resign", err}
-	}
-	return nil
+	return err, notHanded
 }
 
 // endedAt returns when the term ended; zero while it lasts, and for a term

@@ -22,6 +22,10 @@
 // RenewInterval and deletes it at Unlock. Waiters sleep on notifications and
 // queue in the order they came, or race ([Config.Race]). With
 // [Config.FenceKey] the key also records the token and a published value.
+// A racing FenceKey holder may hand the lock to a named waiter
+// ([Lock.UnlockTo]): one fenced SET reserves the key for it, and it takes
+// the key at once, nobody in between (the reservation expires after the
+// TTL if that waiter has gone).
 //
 // # Guarantees
 //
@@ -99,6 +103,7 @@
 //	entering a contended Lock         9 requests (3 with Race)
 //	waiting while the holder renews   no requests; about 1.25 KB (1.0 KB for Acquire with Race)
 //	handover to the next waiter       about 4 requests, a few ms
+//	UnlockTo a racing waiter          3 requests (the reservation, the waiter's 2 SETs), about 1 ms
 //	takeover after a holder crashed   about TTL after its last renewal (Config)
 //	Semaphore Acquire and Release     4 requests when a slot is free (5 after a holding)
 //	RWMutex RLock and RUnlock         about 7 requests; Lock and Unlock about 6 + MaxReaders

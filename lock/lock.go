@@ -324,7 +324,54 @@ func (l *Lock) Unlock(ctx context.Context) error {
 		return err
 	}
 	defer l.end()
-	return l.release(ctx)
+	return l.release(ctx, "")
+}
+
+// handoverTag is the token part of the reservation [Lock.UnlockTo] writes,
+// an acquisition record (see ParseHolder): nobody holds the lock while it
+// is in the key.
+const handoverTag = "~handover"
+
+// reservation returns the record by which UnlockTo reserves the key for
+// holderID.
+func reservation(holderID string) []byte {
+	return []byte(holderID + "\n" + handoverTag + "\n")
+}
+
+// isReservation reports whether value is reservation(holderID), without
+// making it: a waiter checks each notification of the key.
+func isReservation(value []byte, holderID string) bool {
+	n := len(holderID)
+	return len(value) == n+len(handoverTag)+2 && string(value[:n]) == holderID && value[n] == '\n' &&
+		string(value[n+1:len(value)-1]) == handoverTag && value[len(value)-1] == '\n'
+}
+
+// UnlockTo ends the holding (Err is ErrReleased), as Unlock does, and hands
+// the lock to the racing waiter whose HolderID is holderID: in place of the
+// delete, one SET fenced with the holding's token (so it replaces only this
+// holding's own record) writes a reservation for holderID with the TTL.
+// Call it once the guarded work has returned. Waiters of other ids see the
+// key held and go on sleeping; the named waiter, if it waits, takes the key
+// at once (see Config.Race). If it does not, the reservation expires after
+// the TTL, and the waiters race for the key as after any expiry. A
+// HolderID is never shared by two Locks: the reservation names one waiter.
+//
+// It needs Config.FenceKey and Config.Race (a queue hands the lock to its
+// own first waiter). A holding that ended before (lost) is not handed
+// over: the key is deleted as Unlock would, and the error wraps why the
+// holding ended. Other errors are Unlock's.
+func (l *Lock) UnlockTo(ctx context.Context, holderID string) error {
+	switch {
+	case !l.cfg.FenceKey || !l.cfg.Race:
+		return l.wrap("unlock to", configErr("UnlockTo needs Config.FenceKey and Config.Race"))
+	case holderID == "" || strings.ContainsAny(holderID, "\n"):
+		return l.wrap("unlock to", configErr(fmt.Sprintf("invalid holder id %q", holderID)))
+	}
+	if err := l.begin(ctx); err != nil {
+		return err
+	}
+	defer l.end()
+	return l.release(ctx, holderID)
 }
 
 // Close releases the lock if held (as Unlock) and ends a Lock or TryLock in
@@ -340,7 +387,7 @@ func (l *Lock) Close(ctx context.Context) error {
 	defer l.end()
 	var err error
 	if h := l.holding(); h.live() {
-		err = l.release(ctx)
+		err = l.release(ctx, "")
 	}
 	if l.q != nil {
 		l.q.leave()
@@ -549,6 +596,22 @@ func (l *Lock) attempt(ctx context.Context, cn *sskv.Conn) (bool, error) {
 // (unless zero): the token of the holder that reserved the key for this
 // Lock with FenceKey (see queue.go).
 func (l *Lock) attemptFenced(ctx context.Context, cn *sskv.Conn, ft hlc.Timestamp) (bool, error) {
+	return l.attemptWith(ctx, cn, nil, ft)
+}
+
+// attemptHandedOver is attempt for a FenceKey Lock that found the key
+// reserved for it by [Lock.UnlockTo]: resv is the reservation exactly as
+// it was seen, at version ft. Its first SET (IfEqualOrNotExists, fenced
+// with ft) writes resv again, and so applies only if the key still holds
+// that reservation, or is free; a newer holding's key (a newer fence) or
+// another value refuses it, and the Lock holds nothing.
+func (l *Lock) attemptHandedOver(ctx context.Context, cn *sskv.Conn, resv []byte, ft hlc.Timestamp) (bool, error) {
+	return l.attemptWith(ctx, cn, resv, ft)
+}
+
+// attemptWith is attemptFenced whose first SET writes first in place of
+// the Lock's own acquisition record, unless first is nil.
+func (l *Lock) attemptWith(ctx context.Context, cn *sskv.Conn, first []byte, ft hlc.Timestamp) (bool, error) {
 	if h := l.holding(); h.live() {
 		return false, ErrAlreadyHeld
 	}
@@ -557,6 +620,9 @@ func (l *Lock) attemptFenced(ctx context.Context, cn *sskv.Conn, ft hlc.Timestam
 	}
 	val := l.value()
 	rec := l.record(hlc.Timestamp{}, val)
+	if first != nil {
+		rec = first
+	}
 	l.undo = []undoDel{{rec: rec}}
 	sent := time.Now()
 	// An answer after the renew deadline could promise nothing (see below),
@@ -580,6 +646,9 @@ func (l *Lock) attemptFenced(ctx context.Context, cn *sskv.Conn, ft hlc.Timestam
 	case errors.Is(err, sskv.ErrFencingTokenRequired):
 		l.undo = nil
 		return false, nil // a holder with FenceKey has the key
+	case first != nil && errors.Is(err, sskv.ErrFencingTokenLower):
+		l.undo = nil
+		return false, nil // a newer holding fenced the key since the reservation
 	case refused(err):
 		l.undo = nil // the store answered that it did not apply the SET
 		return false, err
@@ -732,13 +801,14 @@ func (l *Lock) dropReservation(ctx context.Context) {
 	}
 }
 
-// release ends the holding and deletes the key if it is still this Lock's.
-// The caller has the turn.
 // endedRelease bounds a release asked for with a context already done:
 // past a TTL, there is nothing left to release.
 func endedRelease(ttl time.Duration) time.Duration { return min(ttl, time.Second) }
 
-func (l *Lock) release(ctx context.Context) error {
+// release ends the holding and deletes the key if it is still this Lock's.
+// The caller has the turn. With to (UnlockTo), a holding that lasted
+// until now writes a reservation for to in place of the delete.
+func (l *Lock) release(ctx context.Context, to string) (err error) {
 	h := l.holding()
 	if h.sched == nil { // never acquired
 		return l.wrap("unlock", ErrNotHeld)
@@ -804,6 +874,22 @@ func (l *Lock) release(ctx context.Context) error {
 		}
 		return l.wrap("unlock", err)
 	}
+	if to != "" && l.q == nil {
+		if held && !h.hasLate() {
+			return l.handTo(ctx, conn, h, to)
+		}
+		// Lost, or a late write of the holding's may still land: the key may
+		// be another's by now, not yet fenced by it. Deleted as by Unlock.
+		why := h.err()
+		if held {
+			why = errors.New("a write of the holding whose outcome is unknown may still land")
+		}
+		defer func() {
+			if err == nil {
+				err = l.wrap("unlock to", fmt.Errorf("not handed over to %q: %w", to, why))
+			}
+		}()
+	}
 	switch {
 	case handover && watches(first.told):
 		// The turn goes out with the delete, not after its answer: the
@@ -834,6 +920,22 @@ func (l *Lock) release(ctx context.Context) error {
 	}
 	l.log.Info("released", "deleted", res.Deleted)
 	return nil
+}
+
+// handTo writes the reservation of the key for to, fenced with the token of
+// h, the holding just released (see UnlockTo), on conn.
+func (l *Lock) handTo(ctx context.Context, conn *sskv.Conn, h *holding, to string) error {
+	_, err := conn.Set(ctx, l.cfg.Name, reservation(to), sskv.SetOptions{Expiry: l.cfg.TTL, FencingToken: h.token})
+	switch {
+	case err == nil:
+		l.log.Info("released; handed over", "to", to)
+		return nil
+	case errors.Is(err, sskv.ErrFencingTokenLower):
+		return l.wrap("unlock to", fmt.Errorf("not handed over to %q: a newer holder has the key: %w", to, err))
+	case lost(conn) || errors.Is(err, sskv.ErrNotSent):
+		return l.wrap("unlock to", fmt.Errorf("%w; the key is gone or expires within its TTL: %w", ErrNotReleased, err))
+	}
+	return l.wrap("unlock to", err)
 }
 
 // wrap adds the lock's name, and the operation op if not empty, to err,

@@ -42,3 +42,28 @@ func TestCheckRecord(t *testing.T) {
 		}
 	}
 }
+
+func TestIsReservation(t *testing.T) {
+	for _, id := range []string{"a", "node-1/0123", ""} {
+		if !isReservation(reservation(id), id) {
+			t.Errorf("isReservation(reservation(%q)) = false", id)
+		}
+	}
+	for _, v := range []string{"a\n~handover\nx", "a\n~handover", "ab\n~handover\n", "a\n~handoveR\n", "a\n~nonce\n", "", "a"} {
+		if isReservation([]byte(v), "a") {
+			t.Errorf("isReservation(%q, a) = true", v)
+		}
+	}
+}
+
+// Any value of the key is judged without a panic, and a reservation only
+// if it is exactly one.
+func FuzzIsReservation(f *testing.F) {
+	f.Add([]byte("a\n~handover\n"), "a")
+	f.Add([]byte("a\n~handover\nv"), "a")
+	f.Fuzz(func(t *testing.T, v []byte, id string) {
+		if got, want := isReservation(v, id), string(v) == string(reservation(id)); got != want {
+			t.Fatalf("isReservation(%q, %q) = %v; want %v", v, id, got, want)
+		}
+	})
+}

@@ -82,7 +82,11 @@ type racer struct {
 // attempt makes one acquisition through cn, as Lock.attempt, with the
 // wait's watch for the holding to take over. unknown reports that it may
 // have taken the key: r.l then deletes it if it did.
-func (r *racer) attempt(ctx context.Context, cn *sskv.Conn) (ok, unknown bool, err error) {
+//
+// With handed (not nil), the key was found reserved for this waiter
+// (handed, at version ft: see Lock.UnlockTo), and the attempt takes it
+// over as Lock.attemptHandedOver does.
+func (r *racer) attempt(ctx context.Context, cn *sskv.Conn, handed []byte, ft hlc.Timestamp) (ok, unknown bool, err error) {
 	l := r.l
 	if l == nil {
 		cfg, log := r.cfg, r.log
@@ -95,13 +99,37 @@ func (r *racer) attempt(ctx context.Context, cn *sskv.Conn) (ok, unknown bool, e
 		r.l = l
 	}
 	l.watch = r.ww
-	ok, err = l.attempt(ctx, cn)
+	if handed != nil {
+		ok, err = l.attemptHandedOver(ctx, cn, handed, ft)
+	} else {
+		ok, err = l.attempt(ctx, cn)
+	}
 	r.ww, l.watch = l.watch, waitWatch{}
 	unknown = err != nil && len(l.undo) > 0 // attempt keeps what may have been written (a late answer too)
 	if !ok && !unknown && !r.own {
 		r.l = nil
 	}
 	return ok, unknown, err
+}
+
+// handedMe reports whether value is a reservation of the key for this
+// waiter, written by a holder's UnlockTo.
+func (r *racer) handedMe(value []byte) bool {
+	return r.cfg.FenceKey && r.cfg.HolderID != "" && isReservation(value, r.cfg.HolderID)
+}
+
+// reservedOn reports whether a read through cn finds the key reserved for
+// this waiter (handed), and the reservation's version: within a hold-off,
+// a reservation only heard of may have expired and the key been taken and
+// lost since (see Lock.reservedOn).
+func (r *racer) reservedOn(ctx context.Context, cn *sskv.Conn, handed []byte) (hlc.Timestamp, bool) {
+	rctx, cancel := r.until(ctx, time.Now().Add(r.cfg.TTL))
+	defer cancel()
+	res, err := cn.Get(rctx, r.cfg.Name)
+	if err != nil || !res.Found || !bytes.Equal(res.Value, handed) {
+		return hlc.Timestamp{}, false
+	}
+	return res.Version, true
 }
 
 // until is Lock.until for a Lock's own wait, and otherwise a child of ctx
@@ -125,6 +153,8 @@ func (r *racer) wait(ctx context.Context) (unknown bool, err error) {
 		rechecked bool          // the safeguard recheck fired since the last read of the key
 		still     unchanged     // the key's value and version at the last read
 		holdUntil time.Time     // no attempt before: the key may be held in someone's belief
+		unseen    time.Time     // no attempt before, even on a reservation: the key vanished unseen
+		resv      hlc.Timestamp // the version of a reservation of the key for this waiter (UnlockTo), if the key holds one
 		// Made when first needed: a waiter that sleeps while the holder
 		// renews needs only its watch and the recheck timer.
 		retry, race *backoff.ExponentialBackOff
@@ -174,13 +204,30 @@ func (r *racer) wait(ctx context.Context) (unknown bool, err error) {
 			if until := holdOff(cn, ttl); until.After(holdUntil) {
 				holdUntil = until
 			}
-			if d := time.Until(holdUntil); d > 0 {
+			// A reservation for this waiter is taken at once. Within a
+			// hold-off, only one a read on cn confirms (see reservedOn).
+			var handed []byte
+			ft := resv
+			if !resv.IsZero() {
+				resv = hlc.Timestamp{}
+				handed = reservation(r.cfg.HolderID)
+				if time.Now().Before(holdUntil) {
+					ok := false
+					if !time.Now().Before(unseen) {
+						ft, ok = r.reservedOn(ctx, cn, handed)
+					}
+					if !ok {
+						handed = nil
+					}
+				}
+			}
+			if d := time.Until(holdUntil); d > 0 && handed == nil {
 				// No attempt until then; the watch is set up meanwhile.
 				r.log.Debug("the key may still be held by a holder that lost it unseen; waiting", "for", d)
 				hold = box.arm(hold, holdTimer, d)
 			} else {
 				var ok bool
-				ok, unknown, err = r.attempt(ctx, cn)
+				ok, unknown, err = r.attempt(ctx, cn, handed, ft)
 				recheck = box.arm(recheck, recheckTimer, recheckAfter(ttl))
 				switch {
 				case ok:
@@ -196,6 +243,9 @@ func (r *racer) wait(ctx context.Context) (unknown bool, err error) {
 					// same value makes a repeat of an applied SET harmless
 					// (NEX).
 					r.log.Debug("acquisition failed; retrying", "error", err)
+					if handed != nil {
+						resv = ft // the reservation may still be there: take it again
+					}
 					retryLater()
 				default: // held by someone else
 					if retry != nil {
@@ -215,6 +265,9 @@ func (r *racer) wait(ctx context.Context) (unknown bool, err error) {
 							known = true
 							still.see(r.log, &r.cfg, res, rechecked)
 							rechecked = false
+							if r.handedMe(res.Value) {
+								resv, check = res.Version, true
+							}
 						case errors.Is(kerr, ErrNotALock) || ctx.Err() != nil || errors.Is(kerr, sskv.ErrClosed) || refused(kerr):
 							return unknown, kerr
 						default:
@@ -239,6 +292,9 @@ func (r *racer) wait(ctx context.Context) (unknown bool, err error) {
 					r.ww = waitWatch{w: w, box: box}
 					continue
 				}
+			}
+			if check {
+				continue // the key was found reserved for this waiter
 			}
 		}
 
@@ -277,6 +333,9 @@ func (r *racer) wait(ctx context.Context) (unknown bool, err error) {
 				if err := checkRecord(r.cfg.FenceKey, ev.Value); err != nil {
 					return unknown, err // a value that will never be released
 				}
+				if r.handedMe(ev.Value) {
+					resv, check = ev.Version, true
+				}
 				still.see(r.log, &r.cfg, sskv.GetResult{Value: ev.Value, Version: ev.Version, Found: true}, rechecked)
 				rechecked = false
 				continue
@@ -290,6 +349,10 @@ func (r *racer) wait(ctx context.Context) (unknown bool, err error) {
 					if until := time.Now().Add(ttl); until.After(holdUntil) {
 						holdUntil = until
 					}
+					unseen = time.Now().Add(ttl)
+				}
+				if ev.Op == sskv.OpDelete {
+					resv = hlc.Timestamp{}
 				}
 				if lost {
 					if race == nil {
@@ -305,6 +368,11 @@ func (r *racer) wait(ctx context.Context) (unknown bool, err error) {
 				seenHeld = true // the holder renewing, or a new holder: keep sleeping
 				if err := checkRecord(r.cfg.FenceKey, ev.Value); err != nil {
 					return unknown, err // a value that will never be released
+				}
+				resv = hlc.Timestamp{}
+				if r.handedMe(ev.Value) {
+					// Handed to this waiter (UnlockTo): take it at once.
+					resv, check = ev.Version, true
 				}
 			}
 		}

@@ -97,6 +97,7 @@ type cmdOpts struct {
 	read    bool // lock -r
 	write   bool // lock -w
 	listen  bool
+	prio    int // elect -priority
 
 	given map[string]bool // the command's flags given explicitly
 }

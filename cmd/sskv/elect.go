@@ -19,7 +19,7 @@ import (
 // -l an observer, of an election of package leader.
 var electCommand = &command{
 	name:    "elect",
-	args:    "[-ttl DURATION] NAME PROPOSAL | -l NAME",
+	args:    "[-ttl DURATION] [-priority N] NAME PROPOSAL | -l NAME",
 	summary: "campaign to lead the election NAME, or (-l) print who leads it",
 	doc: `Campaigns in the election NAME (a key of the state store, held with package
 github.com/dsslock/dsslock/leader), publishing PROPOSAL, and once elected
@@ -35,6 +35,16 @@ campaigning, it exits 1. If leadership is lost (no renewal succeeded within
 two thirds of the TTL, or a newer term took the key), it prints the reason
 on stderr and exits with status 4.
 
+With -priority N (0 or more), the candidate takes part in the priority
+protocol of package leader: while it waits, it asks a leader of a lower
+priority to hand over, and the leader then resigns to it at once (no TTL
+wait, nobody in between). A leader with -priority that is asked by a
+candidate of a higher priority resigns to it, prints
+
+	sskv: elect NAME: handed over: ...
+
+on stderr and exits 0. Candidates without -priority take no part.
+
 With -l, prints who leads NAME now, then one line for each change, until
 SIGINT or SIGTERM:
 
@@ -47,6 +57,7 @@ is not printable UTF-8 or holds a space.`,
 	flags: func(fs *flag.FlagSet, o *cmdOpts) {
 		durationFlag(fs, &o.ttl, "ttl", lock.DefaultTTL, "the lease `DURATION` (whole milliseconds): a leader that stops renewing is replaced this long after its last renewal")
 		fs.BoolVar(&o.listen, "l", false, "observe: print the leader now and at each change (NAME only)")
+		fs.IntVar(&o.prio, "priority", 0, "take part in the priority protocol with priority `N` (0 or more; higher wins): a leader of a lower priority hands over")
 	},
 	minArgs: 1, maxArgs: 2,
 	check: checkElect,
@@ -61,6 +72,10 @@ func checkElect(o *cmdOpts, pos []string) error {
 		return usagef("-l observes: give NAME only, not a PROPOSAL")
 	case o.listen && o.given["ttl"]:
 		return usagef("-ttl is for a candidate: -l only observes")
+	case o.listen && o.given["priority"]:
+		return usagef("-priority is for a candidate: -l only observes")
+	case o.prio < 0:
+		return usagef("-priority %d: must be 0 or more", o.prio)
 	case !o.listen && len(pos) < 2:
 		return usagef("missing PROPOSAL (want NAME PROPOSAL, or -l NAME to observe)")
 	case !o.listen:
@@ -70,10 +85,14 @@ func checkElect(o *cmdOpts, pos []string) error {
 }
 
 // elect campaigns in the election name with proposal, leads until ctx ends
-// or leadership is lost, and returns the exit status. log, if not nil,
-// receives the election's own logs.
-func elect(ctx context.Context, c *sskv.Client, name string, proposal []byte, ttl time.Duration, log *slog.Logger, stdout, stderr io.Writer) int {
+// or leadership is lost or handed over, and returns the exit status. prio,
+// unless negative, is the candidate's priority (leader.WithPriority). log,
+// if not nil, receives the election's own logs.
+func elect(ctx context.Context, c *sskv.Client, name string, proposal []byte, ttl time.Duration, prio int, log *slog.Logger, stdout, stderr io.Writer) int {
 	opts := []leader.Option{leader.WithTTL(ttl)}
+	if prio >= 0 {
+		opts = append(opts, leader.WithPriority(prio))
+	}
 	if log != nil {
 		opts = append(opts, leader.WithLogger(log))
 	}
@@ -99,13 +118,16 @@ func elect(ctx context.Context, c *sskv.Client, name string, proposal []byte, tt
 	if werr == nil {
 		select {
 		case <-ctx.Done():
-		case <-t.Done():
+		case <-t.Context().Done(): // the term's end, or a request to hand over (-priority)
 		}
 	}
 	lost := t.Err() // nil unless the term ended before this resigns
 	if lost != nil {
 		reason := strings.TrimPrefix(lost.Error(), "lock: lost: ")
 		fmt.Fprintf(stderr, "sskv: elect %q: leadership lost: %s\n", name, reason)
+	} else if cause := context.Cause(t.Context()); errors.Is(cause, leader.ErrTransferred) {
+		// The Resign below hands the term over.
+		fmt.Fprintf(stderr, "sskv: elect %q: handed over: %s\n", name, strings.TrimPrefix(cause.Error(), "leader: "))
 	}
 	// A lost term still deletes the key if it is still its own, so that the
 	// next leader need not wait for the TTL; after the TTL, the key has

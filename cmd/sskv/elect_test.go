@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"regexp"
@@ -145,6 +146,87 @@ func TestElectHandover(t *testing.T) {
 	sskvRun(t, "-addr", srv.Addr(), "get", "svc").want(t, exitNotMet, "", "NOT FOUND")
 }
 
+// A candidate of a higher priority that joins takes over from the leader
+// at once (the TTL is 10 s): the leader says it handed over and exits 0,
+// and a waiting candidate of a lower priority stays behind.
+func TestElectPriority(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	elect := func(args ...string) *sskvProc {
+		return startSSKV(t, append([]string{"-addr", srv.Addr(), "elect"}, args...)...)
+	}
+	low := elect("-priority", "1", "svc", "low")
+	m := low.stdout.WaitFor(t, regexp.MustCompile(`^leader low `+tokenPattern+`\n$`))
+	token1 := parseToken(t, m[1])
+	plain := elect("svc", "plain")
+	plain.stderr.WaitFor(t, campaigning)
+
+	start := time.Now()
+	high := elect("-priority", "2", "svc", "high")
+	m = high.stdout.WaitFor(t, regexp.MustCompile(`^leader high `+tokenPattern+`\n$`))
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("high took over %v after it started", d)
+	}
+	if token2 := parseToken(t, m[1]); !token2.After(token1) {
+		t.Errorf("high's token %v is not after low's %v", token2, token1)
+	}
+	low.wantExit(t, exitOK, "handed over")
+	if out := plain.stdout.String(); out != "" {
+		t.Fatalf("the plain candidate led: %q", out)
+	}
+	high.signal(t, syscall.SIGTERM)
+	high.wantExit(t, exitOK, "")
+	plain.stdout.WaitFor(t, regexp.MustCompile(`^leader plain `))
+	plain.signal(t, syscall.SIGTERM)
+	plain.wantExit(t, exitOK, "")
+}
+
+// A leader asked to hand over by a candidate process of a higher priority
+// that is then killed (kill -9) before the handover: the reservation for
+// it expires, and an ordinary election follows within about a TTL; the
+// killed candidate never leads.
+func TestElectTransferToKilledCandidate(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const ttl = time.Second
+	term, err := leader.Campaign(ctx, dialStore(t, srv.Addr()), "svc", []byte("low"),
+		leader.WithTTL(ttl), leader.WithPriority(1), leader.WithCandidateID("low"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain := startSSKV(t, "-addr", srv.Addr(), "elect", "-ttl", "1s", "svc", "plain")
+	plain.stderr.WaitFor(t, campaigning)
+	high := startSSKV(t, "-addr", srv.Addr(), "elect", "-ttl", "1s", "-priority", "2", "svc", "high")
+	select {
+	case <-term.Context().Done():
+	case <-ctx.Done():
+		t.Fatal("the leader was not asked to hand over")
+	}
+	if cause := context.Cause(term.Context()); !errors.Is(cause, leader.ErrTransferred) || term.Err() != nil {
+		t.Fatalf("the leader's context ended with %v (Err %v); want ErrTransferred while leading", cause, term.Err())
+	}
+	if err := high.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-high.exited
+
+	start := time.Now()
+	if err := term.Resign(ctx); err != nil {
+		t.Fatalf("Resign: %v", err)
+	}
+	plain.stdout.WaitFor(t, regexp.MustCompile(`^leader plain `+tokenPattern+`\n$`))
+	d := time.Since(start)
+	t.Logf("plain leads %v after the handover to the killed candidate", d)
+	if d < ttl/2 || d > 5*ttl {
+		t.Errorf("plain led %v after the handover; want about the TTL (%v), when the reservation expires", d, ttl)
+	}
+	if out := high.stdout.String(); out != "" {
+		t.Errorf("the killed candidate printed %q", out)
+	}
+	plain.signal(t, syscall.SIGTERM)
+	plain.wantExit(t, exitOK, "")
+}
+
 // A candidate interrupted while it campaigns exits 1 and leaves nothing
 // behind; the leader is not disturbed.
 func TestElectInterruptedCampaign(t *testing.T) {
@@ -231,6 +313,9 @@ func TestElectBadUsage(t *testing.T) {
 		{[]string{"elect", "", "a"}, "NAME must not be empty"},
 		{[]string{"elect", "-l", "svc", "a"}, "-l observes: give NAME only"},
 		{[]string{"elect", "-l", "-ttl", "10s", "svc"}, "-ttl is for a candidate"},
+		{[]string{"elect", "-l", "-priority", "1", "svc"}, "-priority is for a candidate"},
+		{[]string{"elect", "-priority", "-1", "svc", "a"}, "-priority -1: must be 0 or more"},
+		{[]string{"elect", "-priority", "high", "svc", "a"}, `invalid value "high" for flag -priority`},
 		{[]string{"elect", "-ttl", "0", "svc", "a"}, "-ttl 0s: must be a positive whole number of milliseconds"},
 		{[]string{"elect", "-ttl", "-1s", "svc", "a"}, "-ttl -1s: must be a positive"},
 		{[]string{"elect", "-ttl", "1500us", "svc", "a"}, "-ttl 1.5ms: must be a positive whole number of milliseconds"},
@@ -249,7 +334,7 @@ func TestElectBadUsage(t *testing.T) {
 
 func TestElectHelp(t *testing.T) {
 	o := sskvRun(t, "help", "elect")
-	for _, w := range []string{"sskv [connection flags] elect [-ttl DURATION] NAME PROPOSAL | -l NAME", "leader PROPOSAL TOKEN", "none", "status 4", "-ttl"} {
+	for _, w := range []string{"sskv [connection flags] elect [-ttl DURATION] [-priority N] NAME PROPOSAL | -l NAME", "leader PROPOSAL TOKEN", "none", "status 4", "-ttl", "-priority N", "handed over"} {
 		if o.code != exitOK || !strings.Contains(o.stdout, w) {
 			t.Errorf("help elect: exit %d; the help does not mention %q:\n%s", o.code, w, o.stdout)
 		}

@@ -116,7 +116,11 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		if cf.verbose {
 			log = cfg.Logger
 		}
-		return elect(ctx, c, pos[0], []byte(pos[1]), o.ttl, log, stdout, stderr)
+		prio := -1 // not a candidate of the priority protocol
+		if o.given["priority"] {
+			prio = o.prio
+		}
+		return elect(ctx, c, pos[0], []byte(pos[1]), o.ttl, prio, log, stdout, stderr)
 	}
 	rctx, cancel := context.WithTimeout(ctx, cf.timeout)
 	defer cancel()
