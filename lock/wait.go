@@ -324,8 +324,12 @@ func (r *racer) wait(ctx context.Context) (unknown bool, err error) {
 				// attempt that found it held.
 				if ev.Op == sskv.OpDelete || (r.l != nil && ParseHolder(ev.Value, ev.Version).ID == r.l.cfg.HolderID) {
 					// Free, or its own record: an attempt whose answer
-					// was lost applied. Try again now, which takes it
-					// over (or gives it back).
+					// was lost applied, or a reservation for it
+					// (UnlockTo). Try again now, which takes it over (or
+					// gives it back).
+					if ev.Op == sskv.OpSet && r.handedMe(ev.Value) {
+						resv = ev.Version
+					}
 					check = true
 					continue
 				}
