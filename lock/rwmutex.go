@@ -169,6 +169,25 @@ func (m *RWMutex) acquire(ctx context.Context, op string, write, try bool) (bool
 		} else if err := m.gate.Lock(ctx); err != nil {
 			return false, m.wrap(op, err)
 		}
+		if !write && !try {
+			if off := m.heldOffUntil(ctx); time.Now().Before(off) {
+				// Its connection came after an outage, and it may take no
+				// missing slot until then (see Lock.holdOff): it leaves
+				// the gate to the next waiters, whose connections may
+				// have none, and queues again once its hold-off ends, as
+				// a Semaphore's waiter does.
+				m.giveBackWithin(ctx, m.gate, m.cfg.RenewDeadline/4)
+				m.cfg.Logger.Debug("rwmutex: held off after a reconnect; leaving the gate to the next waiter", "name", m.cfg.Name, "until", off)
+				t := time.NewTimer(time.Until(off))
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return false, m.wrap(op, ctx.Err())
+				case <-t.C:
+				}
+				continue
+			}
+		}
 		held, err := m.gate, error(nil)
 		if write {
 			err = m.drain(ctx, try)
@@ -213,6 +232,18 @@ func (m *RWMutex) acquire(ctx context.Context, op string, write, try bool) (bool
 		// The gate was lost on the way in: start over.
 		m.cfg.Logger.Debug("rwmutex: gate lost while entering; again", "name", m.cfg.Name, "error", err)
 	}
+}
+
+// heldOffUntil returns when the client's current connection lets a missing
+// slot be taken (Lock.holdOff); zero without a connection.
+func (m *RWMutex) heldOffUntil(ctx context.Context) time.Time {
+	rctx, cancel := context.WithCancel(ctx)
+	cancel() // the current connection, without waiting for one
+	cn, err := m.c.Connection(rctx)
+	if err != nil {
+		return time.Time{}
+	}
+	return holdOff(cn, m.cfg.TTL)
 }
 
 // takeSlot takes a free reader slot: each once from a random one, then
