@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/dsslock/dsslock/hlc"
 	"github.com/dsslock/dsslock/sskv"
 )
@@ -344,25 +343,11 @@ func (m *RWMutex) drain(ctx context.Context, try bool) error {
 // try, after a failure for want of an answer or a connection, until ctx
 // ends: as Lock.Lock retries its requests.
 func (m *RWMutex) checkRecordRetrying(ctx context.Context, try bool) error {
-	var retry *backoff.ExponentialBackOff
-	for {
-		err := m.checkRecord(ctx)
-		if err == nil || try || ctx.Err() != nil || errors.Is(err, ErrLimitMismatch) ||
-			errors.Is(err, sskv.ErrClosed) || refused(err) {
-			return err
-		}
-		if retry == nil {
-			retry = newBackoff(max(m.cfg.TTL/100, time.Millisecond), max(m.cfg.TTL/4, time.Millisecond))
-		}
-		m.cfg.Logger.Debug("rwmutex: could not check the record; retrying", "name", m.cfg.Name, "error", err)
-		t := time.NewTimer(retry.NextBackOff())
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		}
-	}
+	return retryRequests(ctx, m.cfg.TTL, m.cfg.Logger.With("name", m.cfg.Name), "rwmutex: could not check the record; retrying",
+		func() error { return m.checkRecord(ctx) },
+		func(err error) bool {
+			return try || errors.Is(err, ErrLimitMismatch) || errors.Is(err, sskv.ErrClosed) || refused(err)
+		})
 }
 
 // checkRecord checks, once, that the record holds MaxReaders, writing it

@@ -11,8 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
-
 	"github.com/dsslock/dsslock/hlc"
 	"github.com/dsslock/dsslock/sskv"
 )
@@ -317,25 +315,20 @@ func (s *Semaphore) prepare(ctx context.Context) (int, error) {
 // for want of an answer or a connection is tried again, with backoff, until
 // ctx ends, as Lock.Lock retries its requests.
 func (s *Semaphore) prepareWaiting(ctx context.Context) (int, error) {
-	var retry *backoff.ExponentialBackOff
-	for {
-		n, err := s.prepare(ctx)
-		if err == nil || ctx.Err() != nil || errors.Is(err, ErrAlreadyHeld) || errors.Is(err, ErrLimitMismatch) ||
-			errors.Is(err, ErrNoLimit) || errors.Is(err, sskv.ErrClosed) || refused(err) {
-			return n, err
-		}
-		if retry == nil {
-			retry = newBackoff(max(s.cfg.TTL/100, time.Millisecond), max(s.cfg.TTL/4, time.Millisecond))
-		}
-		s.log.Debug("could not read the semaphore's record; retrying", "error", err)
-		t := time.NewTimer(retry.NextBackOff())
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return 0, s.fail(ctx, "", ctx.Err())
-		}
+	var n int
+	err := retryRequests(ctx, s.cfg.TTL, s.log, "could not read the semaphore's record; retrying",
+		func() (err error) {
+			n, err = s.prepare(ctx)
+			return err
+		},
+		func(err error) bool {
+			return errors.Is(err, ErrAlreadyHeld) || errors.Is(err, ErrLimitMismatch) ||
+				errors.Is(err, ErrNoLimit) || errors.Is(err, sskv.ErrClosed) || refused(err)
+		})
+	if err != nil && err == ctx.Err() { // ended while it waited to retry
+		return 0, s.fail(ctx, "", err)
 	}
+	return n, err
 }
 
 // readLimit returns the record's limit, writing the record first if it is

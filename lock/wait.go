@@ -548,6 +548,31 @@ func (ww waitWatch) ender() func() {
 	return func() { go ww.w.Stop() }
 }
 
+// retryRequests calls f until it returns nil or an error final says to
+// return, waiting between calls on a backoff scaled to ttl (as a waiter
+// retries a failed request) and logging each failure with msg. It returns
+// ctx's error if ctx ends while it waits.
+func retryRequests(ctx context.Context, ttl time.Duration, log *slog.Logger, msg string, f func() error, final func(error) bool) error {
+	var retry *backoff.ExponentialBackOff
+	for {
+		err := f()
+		if err == nil || ctx.Err() != nil || final(err) {
+			return err
+		}
+		if retry == nil {
+			retry = newBackoff(max(ttl/100, time.Millisecond), max(ttl/4, time.Millisecond))
+		}
+		log.Debug(msg, "error", err)
+		t := time.NewTimer(retry.NextBackOff())
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+	}
+}
+
 func newBackoff(initial, maxD time.Duration) *backoff.ExponentialBackOff {
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval = initial
