@@ -137,8 +137,16 @@ func (c *Client) Connection(ctx context.Context) (*Conn, error) {
 // client is closed). A later connection is another Conn.
 func (cn *Conn) Done() <-chan struct{} { return cn.lost.Done() }
 
-// ended reports whether the connection is lost.
-func (cn *Conn) ended() bool { return cn.lost.Err() != nil }
+// ended reports whether the connection is lost. Every request asks: a
+// receive from the closed-or-open channel takes no lock.
+func (cn *Conn) ended() bool {
+	select {
+	case <-cn.lost.Done():
+		return true
+	default:
+		return false
+	}
+}
 
 // Since returns when the connection was set up, on this process's monotonic
 // clock: whatever happened to the store while the client was disconnected
