@@ -38,6 +38,7 @@ func TestSimStoreMatchesLocalStore(t *testing.T) {
 					d.step()
 				}
 			}
+			d.expire()
 			d.finish()
 		})
 	}
@@ -63,6 +64,7 @@ type simDiff struct {
 	vers    [][2]hlc.Timestamp
 	toReal  map[hlc.Timestamp]hlc.Timestamp
 	toModel map[hlc.Timestamp]hlc.Timestamp
+	seen    map[string]int // outcomes compared, by kind: shows what a seed covered
 }
 
 var simValues = [][]byte{[]byte("a"), []byte("b"), []byte("c"), {}}
@@ -74,6 +76,7 @@ func newSimDiff(t *testing.T, seed uint64) *simDiff {
 		srv: srv, c: storetest.Dial(t, srv.Addr()), wc: storetest.Dial(t, srv.Addr()),
 		m: newSimStore(), watchers: map[string]*sskv.Watcher{}, events: make(chan sskv.Event, 4096),
 		toReal: map[hlc.Timestamp]hlc.Timestamp{}, toModel: map[hlc.Timestamp]hlc.Timestamp{},
+		seen: map[string]int{},
 	}
 	for i := range 3 {
 		d.keys = append(d.keys, fmt.Sprintf("%s-k%d", storetest.ID(t), i))
@@ -151,6 +154,7 @@ func (d *simDiff) drain(what string) {
 			return
 		}
 		d.compare(what, want, d.next())
+		d.seen[fmt.Sprintf("event %s resync=%v", want.Op, want.Resync)]++
 	}
 }
 
@@ -190,14 +194,14 @@ func (d *simDiff) write() {
 	key := d.keys[d.rng.IntN(len(d.keys))]
 	value := simValues[d.rng.IntN(len(simValues))]
 	mft, rft := d.token()
-	var what string
+	var what, verb string
 	var mok, rok bool
 	var merr, rerr error
 	switch op := d.rng.IntN(10); {
 	case op < 6:
 		cond := []sskv.Condition{sskv.Always, sskv.IfNotExists, sskv.IfEqualOrNotExists}[d.rng.IntN(3)]
 		ttl := []time.Duration{0, time.Hour}[d.rng.IntN(2)]
-		what = fmt.Sprintf("SET %s %q %v ttl=%v ft=%v", key, value, cond, ttl, mft)
+		what, verb = fmt.Sprintf("SET %s %q %v ttl=%v ft=%v", key, value, cond, ttl, mft), "SET "+cond.String()
 		var mv hlc.Timestamp
 		mok, mv, merr = d.m.set(key, value, simSet{Cond: cond, TTL: ttl, FT: mft})
 		res, err := d.c.Set(d.ctx, key, value, sskv.SetOptions{Condition: cond, Expiry: ttl, FencingToken: rft})
@@ -206,12 +210,12 @@ func (d *simDiff) write() {
 			d.version(what, mv, res.Version)
 		}
 	case op < 8:
-		what = fmt.Sprintf("VDEL %s %q ft=%v", key, value, mft)
+		what, verb = fmt.Sprintf("VDEL %s %q ft=%v", key, value, mft), "VDEL"
 		mok, merr = d.m.vdel(key, value, mft)
 		res, err := d.c.VDel(d.ctx, key, value, sskv.DelOptions{FencingToken: rft})
 		rok, rerr = res.Deleted, err
 	default:
-		what = fmt.Sprintf("DEL %s ft=%v", key, mft)
+		what, verb = fmt.Sprintf("DEL %s ft=%v", key, mft), "DEL"
 		mok, merr = d.m.delFT(key, mft)
 		res, err := d.c.Del(d.ctx, key, sskv.DelOptions{FencingToken: rft})
 		rok, rerr = res.Deleted, err
@@ -219,6 +223,7 @@ func (d *simDiff) write() {
 	if mok != rok || errClass(merr) != errClass(rerr) {
 		d.t.Fatalf("%s: store %v %s, model %v %s", what, rok, errClass(rerr), mok, errClass(merr))
 	}
+	d.seen[fmt.Sprintf("%s %v %s", verb, rok, errClass(rerr))]++
 }
 
 // step runs one random operation and compares what the watcher gets.
@@ -309,6 +314,7 @@ func (d *simDiff) resynced(what string) {
 	slices.SortFunc(got, func(a, b sskv.Event) int { return strings.Compare(a.Key, b.Key) })
 	for i := range want {
 		d.compare(what, want[i], got[i])
+		d.seen[fmt.Sprintf("event %s resync=%v", want[i].Op, want[i].Resync)]++
 	}
 	for _, k := range d.keys {
 		if slices.ContainsFunc(want, func(n simNote) bool { return n.Key == k }) {
@@ -317,6 +323,41 @@ func (d *simDiff) resynced(what string) {
 		d.watchers[k].Stop()
 		d.m.unwatch(simConn, k)
 		d.watch(k)
+		d.seen["no resync"]++
+	}
+}
+
+// newest returns the newest version seen, model's and store's: a token at
+// least as new as every fence.
+func (d *simDiff) newest() (model, real hlc.Timestamp) {
+	v := d.vers[len(d.vers)-1]
+	return v[0], v[1]
+}
+
+// expire sets a key with a short TTL and waits for the store to expire it,
+// while the model's clock is moved past the deadline.
+func (d *simDiff) expire() {
+	d.t.Helper()
+	const ttl = 30 * time.Millisecond
+	k := d.keys[0]
+	mft, rft := d.newest()
+	ok, mv, err := d.m.set(k, []byte("ttl"), simSet{TTL: ttl, FT: mft})
+	res, rerr := d.c.Set(d.ctx, k, []byte("ttl"), sskv.SetOptions{Expiry: ttl, FencingToken: rft})
+	if !ok || err != nil || !res.Applied || rerr != nil {
+		d.t.Fatalf("SET %s with a TTL: store %v %v, model %v %v", k, res.Applied, rerr, ok, err)
+	}
+	d.version("SET with a TTL", mv, res.Version)
+	d.drain("a SET with a TTL")
+	if at, ok := d.m.nextExpiry(); !ok || at != d.m.now()+ttl {
+		d.t.Fatalf("model: next expiry %v %v, want %v", at, ok, d.m.now()+ttl)
+	}
+	d.m.advance(d.m.now() + ttl)
+	d.drain("an expiry") // the store's DELETE comes when its expiry loop runs
+	if g, err := d.c.Get(d.ctx, k); err != nil || g.Found {
+		d.t.Fatalf("GET %s after its expiry: %+v %v", k, g, err)
+	}
+	if _, _, found := d.m.get(k); found {
+		d.t.Fatalf("model: %s found after its expiry", k)
 	}
 }
 
@@ -326,7 +367,7 @@ func (d *simDiff) resynced(what string) {
 func (d *simDiff) finish() {
 	d.t.Helper()
 	for _, k := range d.keys {
-		mft, rft := d.vers[len(d.vers)-1][0], d.vers[len(d.vers)-1][1] // the newest: at least every fence
+		mft, rft := d.newest()
 		ok, mv, err := d.m.set(k, []byte("end"), simSet{FT: mft})
 		res, rerr := d.c.Set(d.ctx, k, []byte("end"), sskv.SetOptions{FencingToken: rft})
 		if !ok || err != nil || !res.Applied || rerr != nil {
@@ -347,5 +388,147 @@ func (d *simDiff) finish() {
 				d.vers[i-1][0], d.vers[i][0], d.vers[i-1][1], d.vers[i][1])
 		}
 	}
-	d.t.Logf("%d versions compared", len(d.vers))
+	d.t.Logf("%d versions compared; outcomes: %v", len(d.vers), d.seen)
+}
+
+// popAll takes every note waiting for conn.
+func popAll(s *simStore, conn int) []simNote {
+	var ns []simNote
+	for {
+		n, ok := s.pop(conn)
+		if !ok {
+			return ns
+		}
+		ns = append(ns, n)
+	}
+}
+
+// Keys expire at their deadline, in deadline order, each deletion notified
+// with the time it happened; a SET replaces the expiry, and the fence goes
+// with the key.
+func TestSimStoreExpiry(t *testing.T) {
+	s := newSimStore()
+	s.watch(1, "a")
+	s.watch(1, "b")
+	s.advance(10 * time.Millisecond)
+	if _, v, err := s.set("a", []byte("1"), simSet{TTL: 100 * time.Millisecond, FT: hlc.Timestamp{Wall: 1, Node: "x"}}); err != nil || v.Wall != simWallBase+10 {
+		t.Fatalf("SET a: %v %v", v, err)
+	}
+	s.set("b", []byte("2"), simSet{TTL: 50 * time.Millisecond})
+	set := popAll(s, 1)
+	if at, ok := s.nextExpiry(); !ok || at != 60*time.Millisecond {
+		t.Fatalf("next expiry %v %v, want 60ms", at, ok)
+	}
+	s.advance(59 * time.Millisecond)
+	s.advance(20 * time.Millisecond) // never backwards
+	if s.now() != 59*time.Millisecond || s.pending(1) != 0 {
+		t.Fatalf("at %v, %d notes before any deadline", s.now(), s.pending(1))
+	}
+	// A NEX renewal moves a's deadline on; b expires at its own.
+	if ok, _, _ := s.set("a", []byte("1"), simSet{Cond: sskv.IfEqualOrNotExists, TTL: 100 * time.Millisecond, FT: hlc.Timestamp{Wall: 1, Node: "x"}}); !ok {
+		t.Fatal("NEX renewal not applied")
+	}
+	renew, _ := s.pop(1)
+	s.advance(time.Second)
+	got := popAll(s, 1)
+	if len(got) != 2 || got[0].Key != "b" || got[1].Key != "a" || got[0].Op != sskv.OpDelete || got[1].Op != sskv.OpDelete ||
+		got[0].Version.Wall != simWallBase+60 || got[1].Version.Wall != simWallBase+159 ||
+		!got[0].Version.After(renew.Version) || !renew.Version.After(set[1].Version) {
+		t.Fatalf("expiry notes %v after %v, %v", got, set, renew)
+	}
+	if _, _, found := s.get("a"); found || s.now() != time.Second {
+		t.Fatalf("a found after its expiry, or now %v", s.now())
+	}
+	if _, ok := s.nextExpiry(); ok {
+		t.Fatal("an expiry left with no key")
+	}
+	if ok, _, err := s.set("a", []byte("3"), simSet{}); !ok || err != nil {
+		t.Fatalf("SET of an expired fenced key without a token: %v %v", ok, err)
+	}
+	s.set("a", []byte("3"), simSet{TTL: time.Millisecond})
+	s.set("a", []byte("3"), simSet{}) // no TTL: no expiry
+	if _, ok := s.nextExpiry(); ok {
+		t.Fatal("a SET without a TTL kept the expiry")
+	}
+	if _, _, err := s.set("a", nil, simSet{TTL: time.Microsecond}); !errors.Is(err, sskv.ErrInvalidOption) {
+		t.Fatalf("TTL below 1ms: %v", err)
+	}
+}
+
+// After a reconnect, a watcher gets a Resync with the key's state if it
+// differs from what it was last given, and nothing otherwise.
+func TestSimStoreReconnect(t *testing.T) {
+	s := newSimStore()
+	if n := s.watch(1, "k"); n.Op != sskv.OpDelete || !n.Version.IsZero() {
+		t.Fatalf("initial of a missing key: %v", n)
+	}
+	_, v1, _ := s.set("k", []byte("1"), simSet{})
+	s.reconnect(1) // the SET's note is lost
+	if got := popAll(s, 1); len(got) != 1 || !got[0].Resync || got[0].Op != sskv.OpSet || got[0].Version != v1 {
+		t.Fatalf("after a missed SET: %v", got)
+	}
+	s.set("k", []byte("2"), simSet{})
+	_, v3, _ := s.set("k", []byte("3"), simSet{})
+	s.pop(1)
+	s.reconnect(1)
+	if got := popAll(s, 1); len(got) != 1 || !got[0].Resync || string(got[0].Value) != "3" || got[0].Version != v3 {
+		t.Fatalf("after a missed second SET: %v", got)
+	}
+	s.del("k")
+	s.set("k", []byte("4"), simSet{})
+	s.vdel("k", []byte("4"), hlc.Timestamp{})
+	s.reconnect(1)
+	s.reconnect(1) // twice: the same Resync, once
+	if got := popAll(s, 1); len(got) != 1 || !got[0].Resync || got[0].Op != sskv.OpDelete || !got[0].Version.IsZero() {
+		t.Fatalf("after a missed delete: %v", got)
+	}
+	s.set("k", []byte("5"), simSet{})
+	s.del("k")
+	s.reconnect(1) // missing, as last told: nothing
+	if n := s.pending(1); n != 0 {
+		t.Fatalf("%d notes for a key whose state was already told", n)
+	}
+	s.set("k", []byte("6"), simSet{})
+	s.unwatch(1, "k")
+	if n := s.pending(1); n != 0 {
+		t.Fatalf("%d notes left for a key no longer watched", n)
+	}
+}
+
+// A restart loses every key and fence without a notification; watchers
+// told of a key get a Resync of its deletion; versions keep increasing.
+func TestSimStoreRestart(t *testing.T) {
+	s := newSimStore()
+	s.watch(1, "a")
+	s.watch(1, "b")
+	s.watch(2, "b")
+	s.watch(2, "c")
+	_, fence, _ := s.set("a", []byte("1"), simSet{})
+	s.set("a", []byte("1"), simSet{FT: fence})
+	_, last, _ := s.set("b", []byte("2"), simSet{TTL: time.Second})
+	if s.del("a") {
+		t.Fatal("DEL without a token deleted a fenced key")
+	}
+	if ok, err := s.delFT("a", hlc.Timestamp{Wall: 1, Node: "x"}); ok || !errors.Is(err, sskv.ErrFencingTokenLower) {
+		t.Fatalf("DEL with a lower token: %v %v", ok, err)
+	}
+	popAll(s, 1)
+	s.pop(2) // conn 2 was told of b, conn 1 of both
+	s.restart()
+	got1, got2 := popAll(s, 1), popAll(s, 2)
+	if len(got1) != 2 || got1[0].Key != "a" || got1[1].Key != "b" || len(got2) != 1 || got2[0].Key != "b" {
+		t.Fatalf("after a restart: conn 1 %v, conn 2 %v", got1, got2)
+	}
+	for _, n := range append(got1, got2...) {
+		if !n.Resync || n.Op != sskv.OpDelete || !n.Version.IsZero() {
+			t.Fatalf("after a restart: %v", n)
+		}
+	}
+	if _, ok := s.nextExpiry(); ok {
+		t.Fatal("an expiry survived the restart")
+	}
+	ok, v, err := s.set("a", []byte("3"), simSet{})
+	if !ok || err != nil || !v.After(last) {
+		t.Fatalf("SET after a restart, of a key fenced before: %v %v %v (last version %v)", ok, v, err, last)
+	}
 }
