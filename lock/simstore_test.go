@@ -45,7 +45,11 @@ import (
 //
 // Not modelled: drift checks on __ts and __ft (a token from a version the
 // model issued is never ahead), quotas, ACLs, persistence, the client's
-// coalescing of events for a slow watcher (Config.WatchBuffer).
+// coalescing of events for a slow watcher (Config.WatchBuffer), the store
+// dropping a client whose notifications pile up, redelivery over a resumed
+// session (see reconnect), and a restarted store issuing versions below its
+// predecessor's (the local store without persistence may, for a while: it
+// starts again from its wall clock; sskv's forgetVersions is for that).
 
 // simWallBase is the wall clock, in Unix milliseconds, at simulated time 0.
 const simWallBase int64 = 1_700_000_000_000
@@ -337,6 +341,15 @@ func (s *simStore) pop(conn int) (simNote, bool) {
 // missing key (the GET that finds it missing gives no time of deletion).
 // Keys are resynced in key order; the real client resyncs them
 // concurrently, in no fixed order.
+//
+// Lost is what a connection whose session ends (a store restart, a session
+// taken over or expired) does to its notifications. Over a cut connection
+// whose MQTT session survives (sskv's default: 5 minutes), the broker sends
+// again, after the reconnect, the notifications it had sent and not had
+// acknowledged: the client gives those it routes before its resync starts
+// as ordinary events (as pop before reconnect does here), and folds the
+// rest into the Resync, whose OpDelete then carries the deletion's version,
+// not zero. The model does not produce that non-zero version.
 func (s *simStore) reconnect(conn int) {
 	s.queues[conn] = nil
 	w := s.watches[conn]
