@@ -183,7 +183,7 @@ func (s *Semaphore) waitSlot(ctx context.Context, n int) (int, error) {
 				case err != nil:
 					// A timeout or a lost connection: try it again soon.
 					s.log.Debug("could not try a free slot; retrying", "slot", j, "error", err)
-					sw.retry(j, time.Now().Add(s.slots[j].queueGrace()))
+					sw.retry(j, time.Now().Add(queueGrace(s.slots[j].cfg.TTL)))
 					again = true
 				default:
 					// Held: its release or expiry will tell. Or held off

@@ -584,23 +584,9 @@ func newBackoff(initial, maxD time.Duration) *backoff.ExponentialBackOff {
 	return b
 }
 
-// queueGrace is how long a waiter lets the turn come, when the key is
-// released, before it takes the key itself (the second waiter twice as
-// long): time for a message to arrive, whatever the TTL.
-func (l *Lock) queueGrace() time.Duration {
-	return min(max(l.cfg.TTL/100, 10*time.Millisecond), 50*time.Millisecond, l.cfg.TTL)
-}
-
-// coverGrace is how long the second waiter, covering for a first that may
-// be gone, lets the turn come when the key is released before it takes the
-// key itself. Taking the key while the turn is merely slow (a loaded
-// machine) would split the queue, so it is longer than queueGrace.
-func (l *Lock) coverGrace() time.Duration {
-	return min(max(2*l.queueGrace(), min(l.cfg.TTL/10, time.Second)), l.cfg.TTL)
-}
-
 // waitQueued acquires the lock as wait does, queueing behind the waiters
-// that came first (see queue.go). The caller has the turn.
+// that came first (see queue.go): a thin loop that runs the actions
+// qcore.next decides. The caller has the turn.
 func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 	if q := l.q; q == nil || q.over() {
 		// Not in the queue: a free lock is taken with one request, as
@@ -644,18 +630,14 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 	}()
 
 	retry := newBackoff(max(l.cfg.TTL/100, time.Millisecond), max(l.cfg.TTL/4, time.Millisecond))
-	var (
-		holdUntil time.Time
-		retrying  bool // a failed request waits for the timer
-		graced    bool // the grace timer fired since the key was freed
-		graceSet  bool
-	)
+	retrying := false // a failed request waits for the timer
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
 	grace := time.NewTimer(time.Hour)
 	grace.Stop()
 	defer grace.Stop()
+	var graceGen uint64
 	recheck := time.NewTimer(recheckAfter(l.cfg.TTL))
 	defer recheck.Stop()
 	var (
@@ -672,13 +654,13 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 		timer.Reset(retry.NextBackOff())
 		return false, nil
 	}
-	// try makes one acquisition, fenced with ft unless zero. partial: see
-	// queue.acquired.
-	try := func(ft hlc.Timestamp, partial bool) (done bool, err error) {
+	// try makes the attempt a decides.
+	try := func(a qaction) (done bool, err error) {
 		cn, err := l.c.Connection(ctx)
 		if err != nil {
 			return true, err
 		}
+		ft, holdUntil := a.ft, q.holdUntil()
 		until := holdUntil
 		if off := l.holdOff(cn); off.After(until) {
 			until = off
@@ -694,6 +676,7 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 				l.log.Debug("the key may still be held by a holder that lost it unseen; waiting", "for", d)
 				retrying = true
 				timer.Reset(d)
+				q.attempted(a, true)
 				return false, nil
 			}
 		}
@@ -714,7 +697,7 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 		switch {
 		case ok:
 			acquired = true
-			q.acquired(partial, l.holding().token)
+			q.acquired(a.partial, l.holding().token)
 			return true, nil
 		case err != nil:
 			if stop, err := fail(err); stop {
@@ -723,11 +706,11 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 		default:
 			retry.Reset()
 		}
+		q.attempted(a, err != nil)
 		return false, nil
 	}
 	for {
-		st := q.state()
-		if st.ended {
+		if q.over() {
 			// The watches ended (the service refused them after a
 			// reconnect): set them up again, and join again.
 			if l.q == q {
@@ -739,90 +722,42 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 			q.startWait()
 			continue
 		}
-		if !st.unseen.IsZero() && st.unseen.Add(l.cfg.TTL).After(holdUntil) {
-			holdUntil = st.unseen.Add(l.cfg.TTL)
-		}
-		if st.changed && !st.free {
-			graced, graceSet = false, false
-			grace.Stop()
-		}
 		if !retrying {
-			switch {
-			case st.watchKey && !st.watching:
-				// Watch the key before anything that decides by it: a
-				// release between a look and the watch would be missed.
+			switch a := q.next(); a.kind {
+			case actEnded:
+				continue
+			case actWatch:
 				if err := q.watchKey(ctx); err != nil {
 					if stop, err := fail(err); stop {
 						return unknown, err
 					}
 				}
 				continue
-			case !st.watchKey && st.watching:
+			case actUnwatch:
 				q.unwatchKey()
 				continue
-			case st.turn && !st.reserved && st.watching && st.known && !st.free:
-				// The lock is released to this Lock, and the release's
-				// delete, sent before the turn, has yet to reach the watch:
-				// take the key when it does.
-			case st.reserved && !st.turn && !graced:
-				// Its reservation is in; the turn, sent right after it,
-				// brings the queue. Taking the key before the turn comes
-				// would leave that queue to arrive when this Lock may
-				// have released already: let it come first, for a grace.
-				if !graceSet {
-					graceSet = true
-					grace.Reset(l.queueGrace())
-				}
-			case st.turn || st.reserved:
-				// The lock was released to this Lock.
-				graced, graceSet = false, false
-				ft := hlc.Timestamp{}
-				if l.cfg.FenceKey {
-					ft = st.token
-				}
-				if done, err := try(ft, false); done {
+			case actGrace:
+				graceGen = a.gen
+				grace.Reset(a.d)
+			case actAttempt:
+				if done, err := try(a); done {
 					return unknown, err
 				}
-				switch {
-				case retrying || st.reserved:
-				case st.watching:
-					q.sawHeld() // the delete is yet to come, or another took the key: wait for its delete
-				default:
-					q.lostTurn() // someone else took it: join it
-				}
 				continue
-			case st.expiredTold:
-				// A watcher of the key saw it expire, and this Lock is
-				// the first waiter it knows of: it takes the key at once,
-				// as a first waiter that watched the key would. Its
-				// holder kept the queue, which is lost: it calls the roll.
-				if done, err := try(hlc.Timestamp{}, true); done {
-					return unknown, err
-				}
-				if !retrying {
-					q.triedExpired() // someone took the key meanwhile
-				}
-				continue
-			case st.stray && !st.join:
-				// Its join was not confirmed, and the key went to someone
-				// else: the Lock it joined may have kept no queue, or have
-				// gone. Join the new holder.
-				q.joined("", false)
-				continue
-			case st.join && st.forward != "":
+			case actRejoin:
 				// Locking again after handing the lock over: join the
 				// Lock it went to, which keeps the queue.
-				// Recorded before the join goes out: the holder's answer
-				// may come before the SET's.
-				q.joined(st.forward, true)
-				if _, err := l.c.Set(ctx, l.inbox(st.forward), append([]byte{msgRejoin}, l.acqRecord()...), l.msgOptions()); err != nil {
-					q.joined("", false)
+				if err := q.leaveWritten(ctx); err != nil {
+					return unknown, err
+				}
+				if _, err := l.c.Set(ctx, l.inbox(a.to), append([]byte{msgRejoin}, l.acqRecord()...), l.msgOptions()); err != nil {
+					q.joinFailed()
 					if stop, err := fail(err); stop {
 						return unknown, err
 					}
 				}
 				continue
-			case st.join:
+			case actGet:
 				// Find the holder, and join it. A lost answer costs at
 				// most a TTL, as a racing waiter's read does.
 				rctx, cancel := l.until(ctx, time.Now().Add(l.cfg.TTL))
@@ -840,63 +775,21 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 				}
 				still.see(l.log, &l.cfg, res, rechecked)
 				rechecked = false
-				h := ParseHolder(res.Value, res.Version)
-				switch {
-				case !res.Found:
-					if done, err := try(hlc.Timestamp{}, false); done {
+				switch a := q.got(res); a.kind {
+				case actAttempt:
+					if done, err := try(a); done {
 						return unknown, err
 					}
-				case l.cfg.FenceKey && bytes.Equal(res.Value, l.acqRecord()):
-					// A reservation for this Lock. Only FenceKey reserves:
-					// without it the record is this Lock's own, left by a
-					// holding whose release did not reach the store, and a
-					// fenced SET would fence a plain lock's key.
-					if done, err := try(res.Version, false); done {
+				case actJoin:
+					if err := q.leaveWritten(ctx); err != nil {
 						return unknown, err
 					}
-				case h.ID == l.cfg.HolderID:
-					// Its own earlier record, going: wait for the key.
-					q.joined("?", false)
-				default:
-					q.joined(h.ID, false)
-					if _, err := l.c.Set(ctx, l.inbox(h.ID), append([]byte{msgJoin}, l.acqRecord()...), l.msgOptions()); err != nil {
-						q.joined("", false)
+					if _, err := l.c.Set(ctx, l.inbox(a.to), append([]byte{msgJoin}, l.acqRecord()...), l.msgOptions()); err != nil {
+						q.joinFailed()
 						if stop, err := fail(err); stop {
 							return unknown, err
 						}
 					}
-				}
-				continue
-			case st.free && (st.head != 0 || !st.acked):
-				// Freed, and no turn yet. A release is followed by the
-				// turn, sent to the next waiter; so unless the key expired
-				// (its holder is gone), it lets the turn come first.
-				// A join that was not confirmed within a grace went to a
-				// holder that keeps no queue.
-				ignored := !st.acked && time.Since(st.joinedAt) > l.queueGrace()
-				now := st.changed && (ignored || (st.expired && (st.head == toldFirst || !st.acked)))
-				if !now && !graced {
-					if !graceSet {
-						graceSet = true
-						g := l.queueGrace()
-						if st.head == toldSecond {
-							// The second covers for a first that is gone:
-							// taking the key while the turn is merely slow
-							// would split the queue, so it waits longer.
-							g = l.coverGrace()
-						}
-						grace.Reset(g)
-					}
-					break
-				}
-				graced, graceSet = false, false
-				// A waiter told it is among the first, taking a key its
-				// holder did not hand over, may not have the whole queue.
-				if done, err := try(hlc.Timestamp{}, st.acked); done {
-					return unknown, err
-				}
-				if !st.acked {
-					q.joined("", false) // the holder kept no queue: join the next
 				}
 				continue
 			}
@@ -908,14 +801,11 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 		case <-timer.C:
 			retrying = false
 		case <-grace.C:
-			graced = true
-
+			q.step(qevent{kind: evGrace, gen: graceGen})
 		case <-recheck.C:
 			// The safeguard: look at the lock again and join again, so
 			// that a lost message cannot keep this waiter forever.
-			q.mu.Lock()
-			q.rejoin, q.acked = true, false
-			q.mu.Unlock()
+			q.step(qevent{kind: evRecheck})
 			rechecked = true
 			recheck.Reset(recheckAfter(l.cfg.TTL))
 		}
