@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/dsslock/dsslock/hlc"
 )
@@ -44,6 +45,12 @@ func FuzzQueueMessages(f *testing.F) {
 				t.Fatalf("expiry %q does not read back", b)
 			}
 		}
+		if v, rec, ok := parseRelay(b); ok {
+			v2, again, ok := parseRelay(relayBody(v, rec)[1:])
+			if !ok || v2 != v || !bytes.Equal(again, rec) {
+				t.Fatalf("relayed leave %q does not read back", b)
+			}
+		}
 		if n, ok := parseSemaphoreRecord(b); ok {
 			if n < 1 || n > maxSemaphoreLimit || !bytes.Equal(SemaphoreRecord(n), b) {
 				t.Fatalf("record %q gives limit %d", b, n)
@@ -59,6 +66,44 @@ func FuzzQueueMessages(f *testing.F) {
 		}
 		if _, ok := fenceRecord(b); ok && (checkRecord(true, b) != nil || checkRecord(false, b) == nil) {
 			t.Fatalf("the FenceKey record %q is judged wrong", b)
+		}
+	})
+}
+
+// FuzzQueueStep feeds arbitrary inbox messages and roll calls to the
+// queue's state machine in each of its roles: it never panics, and keeps
+// its invariants (a forged message can cost time, never two holders: that
+// rests on the store, see docs/design/queue.md 6a).
+func FuzzQueueStep(f *testing.F) {
+	ts := hlc.Timestamp{Wall: 1795695934356, Counter: 1, Node: "statestore"}
+	es := []entry{{id: "a", rec: []byte("a"), told: toldFirst}, {id: "me", rec: []byte("me"), told: toldAck}}
+	f.Add(uint8(0), uint8(0), turnBody(ts, ts, es))
+	f.Add(uint8(1), uint8(5), []byte("+a"))
+	f.Add(uint8(2), uint8(6), []byte("H2a\nb"))
+	f.Add(uint8(0), uint8(9), expiredBody(ts, []string{"a"}))
+	f.Add(uint8(3), uint8(7), relayBody(ts, []byte("a")))
+	f.Add(uint8(0), uint8(4), appendEntries([]byte{msgRoll}, es))
+	f.Fuzz(func(t *testing.T, keeper, waiter uint8, msg []byte) {
+		c := &qcore{self: "me", rec: []byte("me"), ttl: time.Second, fenceKey: keeper%2 == 0}
+		c.keeper = keeperRole(keeper % 4)
+		c.w.role = waiterRole(waiter % 10)
+		if c.holds() {
+			c.w.role = waitNone
+		}
+		if c.w.role == waitSecond {
+			c.w.ahead = []string{"a"}
+		}
+		c.entries = slices.Clone(es[:1])
+		now := time.Unix(1795695934, 0)
+		for i, kind := range []qevKind{evInbox, evRoll, evInbox} {
+			_ = c.step(now, qevent{kind: kind, value: msg, version: hlc.Timestamp{Wall: ts.Wall + int64(i), Node: "statestore"}})
+			_ = c.next(now)
+			if c.holds() && c.waiting() {
+				t.Fatalf("holds and waits after %q", msg)
+			}
+			if c.w.role == waitSecond && len(c.w.ahead) == 0 {
+				t.Fatalf("second with nobody ahead after %q", msg)
+			}
 		}
 	})
 }

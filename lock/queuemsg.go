@@ -32,6 +32,7 @@ const (
 	msgJoin    = '+' // record: queue the sender, and confirm it
 	msgRejoin  = '*' // record: queue the sender; it needs no confirmation
 	msgLeave   = '-' // record: the sender gave up
+	msgRelay   = '_' // version '\n' record: a leave (of that version) relayed by a Lock that handed the queue on
 	msgHead    = 'H' // '1' or '2', then ids: watch the key (see toldFirst, toldSecond); the waiters ahead of you
 	msgAck     = 'K' // your join is queued
 	msgTurn    = 'Q' // reservation ',' releaser '\n' entries: the lock is released to you; the rest of the queue
@@ -103,6 +104,10 @@ type entry struct {
 	id   string
 	rec  []byte
 	told byte
+	// ver is the version of the join that queued it here (zero if it came
+	// in a turn or a forward): an older leave does not strike it. Not
+	// encoded.
+	ver hlc.Timestamp
 }
 
 func appendEntries(b []byte, es []entry) []byte {
@@ -127,6 +132,26 @@ func parseEntries(b []byte) (es []entry, ok bool) {
 		es = append(es, entry{id: ParseHolder(rec, hlc.Timestamp{}).ID, rec: rec, told: told})
 	}
 	return es, true
+}
+
+// relayBody encodes a msgRelay: the leave's version, and its record.
+func relayBody(v hlc.Timestamp, rec []byte) []byte {
+	msg, _ := v.AppendText([]byte{msgRelay})
+	msg = append(msg, '\n')
+	return append(msg, rec...)
+}
+
+// parseRelay decodes relayBody's body (after the kind byte).
+func parseRelay(body []byte) (hlc.Timestamp, []byte, bool) {
+	a, rec, ok := bytes.Cut(body, []byte{'\n'})
+	if !ok {
+		return hlc.Timestamp{}, nil, false
+	}
+	v, err := hlc.ParseBytes(a)
+	if err != nil || v.IsZero() {
+		return hlc.Timestamp{}, nil, false
+	}
+	return v, rec, true
 }
 
 // mergeEntries is first, then the entries of then not in it, without self

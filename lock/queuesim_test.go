@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 
@@ -889,12 +890,27 @@ func (s *sim) release(n *simPart) {
 		s.think(n)
 		return
 	}
+	partial, kept := n.c.keeper == keepPartial, len(n.c.entries)
 	out := n.c.step(s.t(), qevent{kind: evRelease})
+	if partial && !slices.ContainsFunc(out, func(q qsend) bool { return q.roll }) {
+		// L8: a holder without the whole queue calls the roll at its
+		// release, if not before.
+		s.fail("%s released as a partial holder without calling the roll", n.id)
+	}
 	s.write(n, out)
 	first, handover := n.c.handTo, n.c.keeper == keepReleasing
 	rec, token := n.rec, n.token
 	s.logf("%s releases (held %v, handover %v to %s)", n.id, held, handover, first.id)
-	turn := func(tok hlc.Timestamp) { s.step(n, qevent{kind: evTurnOut, token: tok}) }
+	turn := func(tok hlc.Timestamp) {
+		out := n.c.step(s.t(), qevent{kind: evTurnOut, token: tok})
+		if kept > 0 && !slices.ContainsFunc(out, func(q qsend) bool { return len(q.msg) > 0 && q.msg[0] == msgTurn }) {
+			// L1: every release of a Lock that keeps entries sends one turn.
+			s.fail("%s kept %d entries and sent no turn at its release", n.id, kept)
+		}
+		s.write(n, out)
+		s.check(n)
+		s.drive(n)
+	}
 	switch {
 	case handover && held && s.cfg.fenceKey:
 		var ver hlc.Timestamp

@@ -287,21 +287,31 @@ func (c *qcore) onInbox(now time.Time, ev qevent) []qsend {
 		if kind == msgRejoin {
 			told = toldAck
 		}
-		c.add([]entry{{id: id, rec: bytes.Clone(body), told: told}})
+		c.add([]entry{{id: id, rec: bytes.Clone(body), told: told, ver: ev.version}})
 	case msgForward:
 		es, ok := parseEntries(body)
 		if !ok {
 			return nil
 		}
 		c.add(es)
-	case msgLeave:
-		id := ParseHolder(body, hlc.Timestamp{}).ID
+	case msgLeave, msgRelay:
+		v, rec := ev.version, body
+		if kind == msgRelay {
+			var ok bool
+			if v, rec, ok = parseRelay(body); !ok {
+				return nil
+			}
+		}
+		id := ParseHolder(rec, hlc.Timestamp{}).ID
 		if i := slices.IndexFunc(c.entries, func(e entry) bool { return e.id == id }); i >= 0 {
-			out = c.remove(i)
+			if !c.entries[i].ver.After(v) {
+				out = c.remove(i)
+			}
+			// Else it joined again after it left: the leave is late.
 		} else if c.forward != "" && !c.holds() && c.relay(now, id) {
 			// It went to a Lock that handed the queue on: on to where the
 			// entry went, so that its keeper tells the watchers (msgLeft).
-			out = append(out, qsend{to: c.forward, msg: bytes.Clone(ev.value)})
+			out = append(out, qsend{to: c.forward, msg: relayBody(v, rec)})
 		}
 	case msgHead:
 		if len(body) >= 1 && (body[0] == toldFirst || body[0] == toldSecond) {
@@ -422,6 +432,9 @@ func (c *qcore) add(es []entry) {
 			if e.told == toldNothing {
 				// It asks again: tell it again, keeping its place.
 				c.entries[i].told = toldNothing
+			}
+			if e.ver.After(c.entries[i].ver) {
+				c.entries[i].ver = e.ver
 			}
 			continue
 		}
