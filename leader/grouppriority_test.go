@@ -247,3 +247,20 @@ func BenchmarkGroupPriorityTakeover(b *testing.B) {
 	b.StopTimer()
 	reportPercentiles(b, ds, "ms")
 }
+
+// TestGroupPriorityMemberDies: when the member of the highest priority
+// dies (no resign, no release), the members of the next priority take
+// every election over once its keys expire, about a TTL later, balanced,
+// never two works of an election at once.
+func TestGroupPriorityMemberDies(t *testing.T) {
+	const ttl = time.Second
+	r := newGroupRig(t, 8, 100*time.Millisecond, leader.WithTTL(ttl))
+	r.start("a")
+	r.start("b")
+	h := r.start("h", leader.WithPriority(1))
+	r.await("h leading every election", 10*time.Second, func() bool { return r.leadsAll(h) })
+	killed := time.Now()
+	r.kill(h)
+	r.await("a and b balanced after h died", ttl+2*time.Second, r.balanced)
+	t.Logf("h died: a and b balanced %v later (TTL %v)", time.Since(killed), ttl)
+}
