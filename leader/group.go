@@ -42,9 +42,8 @@ const maxMaxMembers = 1024
 // election at any moment, and each term's token fences its writes. The
 // group only decides who campaigns: every member computes the same
 // [PriorityAssignment] (with no priorities, [Assignment]) from the live
-// members and the elections, and campaigns only
-// in the elections assigned to it. docs/design/leader.md, "Groups: many
-// elections", describes how.
+// members and the elections, and campaigns only in the elections assigned
+// to it. docs/design/leader.md, "Groups: many elections", describes how.
 //
 // [WithPriority] gives the member a priority (default 0), for every
 // election of the group: the elections are spread over the live members
@@ -60,9 +59,10 @@ const maxMaxMembers = 1024
 // are part of the assignment, which already says who campaigns in each
 // election, rather than challenges (as an [Elector]'s priorities are)
 // that the assignment would undo at the next change of members. Members
-// learn each other's priorities from the member slots. A member of a version without priorities would count a member
-// with a priority as another member: give priorities only once every
-// member has a version that knows them.
+// learn each other's priorities from the member slots. A member of a
+// version without priorities would count a member with a priority as
+// another member: give priorities only once every member has a version
+// that knows them.
 type Group struct {
 	c          *sskv.Client
 	name       string
@@ -314,9 +314,9 @@ func (g *Group) Term(election string) *Term {
 // assigned to it and hands over those no longer assigned to it: their
 // work's context ends (cause [ErrTransferred]), and once the work has
 // returned the term is resigned, so that the new owner's campaign, waiting
-// on the election's key, takes it at once. The campaigns a rebalance starts are paced (at most 64 start
-// within 50 ms of each other), so that they do not hold up the member's
-// renewals on the same connection. If every slot is taken, Run waits for
+// on the election's key, takes it at once. The campaigns a rebalance
+// starts are paced (at most 64 start within 50 ms of each other), so that
+// they do not hold up the member's renewals on the same connection. If every slot is taken, Run waits for
 // one to free up (and logs a warning). If this member loses its slot (its renewals failed), it joins
 // again at once, on any free slot, and keeps its terms meanwhile: the
 // assignment depends on the members' ids, not on their slots. If it cannot
