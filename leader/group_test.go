@@ -158,6 +158,7 @@ type groupRig struct {
 	last  map[string]hlc.Timestamp // the token of the latest write, by election
 	ended []*leader.Term           // terms whose work has returned
 	began map[string]begun         // the latest work to start, by election
+	quit  map[string]time.Time     // when the latest work to return returned, by election
 }
 
 // begun is when a member's work of an election started.
@@ -185,6 +186,7 @@ func newGroupRig(tb testing.TB, elections int, every time.Duration, opts ...lead
 		active:    map[string]*atomic.Int32{},
 		last:      map[string]hlc.Timestamp{},
 		began:     map[string]begun{},
+		quit:      map[string]time.Time{},
 	}
 	for _, e := range r.elections {
 		r.active[e] = new(atomic.Int32)
@@ -227,7 +229,12 @@ func (r *groupRig) work(c *sskv.Client) func(context.Context, *leader.Term) erro
 		if n := r.active[e].Add(1); n != 1 {
 			r.tb.Errorf("%d works of election %s at once", n, e)
 		}
-		defer r.active[e].Add(-1)
+		defer func() {
+			r.active[e].Add(-1)
+			r.mu.Lock()
+			r.quit[e] = time.Now()
+			r.mu.Unlock()
+		}()
 		r.mu.Lock()
 		r.began[e] = begun{t.CandidateID(), time.Now()}
 		r.mu.Unlock()

@@ -210,8 +210,10 @@ func TestGroupEqualPriorities(t *testing.T) {
 // BenchmarkGroupPriorityTakeover: two members of priority 0 lead 8
 // elections (DSSLOCK_GROUP_ELECTIONS); a member of priority 1 joins.
 // Measured from its Run's start to the start of its last work, when it
-// leads every election: the settling time (a twentieth of the TTL, 10 to
-// 100 ms), the handovers (each work returns at once) and the campaigns.
+// leads every election (ms): the settling time (a twentieth of the TTL, 10
+// to 100 ms), the handovers (each work returns at once) and the campaigns;
+// and, for each election, from the old leader's work returning to the new
+// one's starting (gap-ms): the resign and the campaign that was waiting.
 // Between iterations it leaves, and the two balance again.
 func BenchmarkGroupPriorityTakeover(b *testing.B) {
 	e := envInt(b, "DSSLOCK_GROUP_ELECTIONS", 8)
@@ -221,7 +223,7 @@ func BenchmarkGroupPriorityTakeover(b *testing.B) {
 	r.start("b")
 	r.await("a and b balanced", 10*time.Second, r.balanced)
 	c := dial(b, r.srv.Addr())
-	var ds []time.Duration
+	var ds, gaps []time.Duration
 	i := 0
 	for b.Loop() {
 		name := fmt.Sprintf("h%d", i)
@@ -231,10 +233,11 @@ func BenchmarkGroupPriorityTakeover(b *testing.B) {
 		r.await("the new member leading every election", 10*time.Second, func() bool { return r.leadsAll(h) })
 		var last time.Time
 		r.mu.Lock()
-		for _, bg := range r.began {
+		for e, bg := range r.began {
 			if bg.member == name && bg.at.After(last) {
 				last = bg.at
 			}
+			gaps = append(gaps, bg.at.Sub(r.quit[e]))
 		}
 		r.mu.Unlock()
 		ds = append(ds, last.Sub(start))
@@ -246,6 +249,7 @@ func BenchmarkGroupPriorityTakeover(b *testing.B) {
 	}
 	b.StopTimer()
 	reportPercentiles(b, ds, "ms")
+	reportPercentiles(b, gaps, "gap-ms")
 }
 
 // TestGroupPriorityMemberDies: when the member of the highest priority
