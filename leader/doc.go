@@ -26,7 +26,9 @@
 // leader's [Term] carries the key's fencing token, and the key records the
 // leader's id, token and value ([Term.Proclaim] changes the value).
 // Candidates that do not lead sleep on notifications of the key; [Observe]
-// follows it. A [Group] spreads many elections (shards) over a few replicas.
+// follows it. A [Group] spreads many elections (shards) over a few replicas,
+// over those of the highest priority ([WithPriority]) when members have
+// priorities.
 //
 // # Guarantees
 //
@@ -100,6 +102,8 @@
 //   - A Group does not support two members with one id, more members than
 //     MaxMembers (the extra ones lead nothing), or members that disagree on
 //     the elections, TTL or MaxMembers (balance suffers, safety does not).
+//     A member of a version without Group priorities counts a member with
+//     a priority as another member (balance suffers, safety does not).
 //     On an overloaded machine a short TTL can make terms lost, and
 //     elections move, until the load drops.
 //
@@ -113,6 +117,8 @@
 //	takeover after a Resign               at once
 //	Group: a dead member's elections      led again within a TTL and a little
 //	Group: a member that joins            leads its share within about a second
+//	Group: a member of higher priority    leads every election within the settling
+//	that joins                            time (TTL/20, 10-100 ms) and ~20 ms
 //
 // Settings follow [lock.Config]: 0 < RenewInterval < RenewDeadline < TTL,
 // defaults 10 s, TTL/3 and 2/3 TTL ([Option]). docs/design/leader.md

@@ -10,8 +10,10 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -39,26 +41,36 @@ const maxMaxMembers = 1024
 // only with a term ([Campaign]), so that at most one member leads an
 // election at any moment, and each term's token fences its writes. The
 // group only decides who campaigns: every member computes the same
-// [Assignment] from the live members and the elections, and campaigns only
-// in the elections assigned to it. docs/design/leader.md, "Groups: many
-// elections", describes how.
+// [PriorityAssignment] (with no priorities, [Assignment]) from the live
+// members and the elections, and campaigns only in the elections assigned
+// to it. docs/design/leader.md, "Groups: many elections", describes how.
 //
-// A Group ignores [WithPriority] for now. Where priorities belong is
-// decided: per member (a member's priority applies to every election it
-// takes part in), since what users ask for is a member preferred as a
-// whole (the new version of a rolling upgrade, the node nearest the
-// devices), not a preference shard by shard. But the Assignment already
-// says who campaigns in each election, and a priority must enter it (a
-// member of a higher priority takes its share first) rather than fight it
-// with challenges that the Assignment would undo at the next change of
-// members. That change of the Assignment is not made yet.
+// [WithPriority] gives the member a priority (default 0), for every
+// election of the group: the elections are spread over the live members
+// of the highest priority present, and members of a lower priority stand
+// by, leading nothing, until no member of a higher priority is live
+// ([PriorityAssignment]). When a member of a higher priority joins, the
+// others hand their elections over to it as at any rebalance: each work's
+// context ends (cause [ErrTransferred]), and once the work has returned
+// the term is resigned, and the new member's campaign takes the key at
+// once. Priorities are per member, not per election, because what users
+// prefer is a member as a whole (the new version of a rolling upgrade,
+// the node nearest the devices), not a member shard by shard; and they
+// are part of the assignment, which already says who campaigns in each
+// election, rather than challenges (as an [Elector]'s priorities are)
+// that the assignment would undo at the next change of members. Members
+// learn each other's priorities from the member slots. A member of a
+// version without priorities would count a member with a priority as
+// another member: give priorities only once every member has a version
+// that knows them.
 type Group struct {
 	c          *sskv.Client
 	name       string
 	elections  []string // sorted
 	value      []byte
-	o          options // candidateID is the member id
+	o          options // candidateID is the member id; no priority (see priority)
 	id         string
+	priority   int // WithPriority's, published in the slot
 	ttl        time.Duration
 	settle     time.Duration // how long a change of members settles before a rebalance
 	maxMembers int
@@ -75,8 +87,9 @@ type Group struct {
 
 // slotState is a member's view of one member slot.
 type slotState struct {
-	id    string // the member that holds it; "" when free
-	ended bool   // the watch ended: watch again
+	id       string // the member that holds it; "" when free
+	priority int    // that member's priority
+	ended    bool   // the watch ended: watch again
 }
 
 // NewGroup returns a Group for a member of the group named group, which
@@ -89,9 +102,12 @@ type slotState struct {
 // is also the candidate id of the member's terms. [WithMaxMembers] sets how
 // many members the group has room for (default [DefaultMaxMembers]); TTL,
 // renew interval and renew deadline apply to the terms and to the member's
-// slot alike. Every member of a group must use the same elections, TTL and
+// slot alike; [WithPriority] sets the member's priority (see [Group]).
+// Every member of a group must use the same elections, TTL and
 // MaxMembers. An empty group name, no elections, an empty or repeated
-// election, or invalid options give an error wrapping [ErrConfig].
+// election, a negative priority, a member id that ends as a slot's
+// priority does ("\x00priority=" and a number), or invalid options give
+// an error wrapping [ErrConfig].
 func NewGroup(c *sskv.Client, group string, elections []string, value []byte, opts ...Option) (*Group, error) {
 	o := newOptions(opts)
 	bad := func(format string, args ...any) error {
@@ -106,6 +122,8 @@ func NewGroup(c *sskv.Client, group string, elections []string, value []byte, op
 		return nil, bad("no elections")
 	case o.maxMembers < 0 || o.maxMembers > maxMaxMembers:
 		return nil, bad("MaxMembers %d out of range [1, %d]", o.maxMembers, maxMaxMembers)
+	case o.priority < 0:
+		return nil, bad("negative priority %d", o.priority)
 	}
 	sorted := slices.Clone(elections)
 	slices.Sort(sorted)
@@ -123,7 +141,12 @@ func NewGroup(c *sskv.Client, group string, elections []string, value []byte, op
 	if o.candidateID == "" {
 		o.candidateID = c.ID() + "/" + randHex(8)
 	}
-	// Priorities are not applied to a Group yet (see its documentation).
+	if _, p := parseSlot(o.candidateID); p != 0 {
+		return nil, bad("member id %q ends as a slot's priority does", o.candidateID)
+	}
+	// The priority goes into the slot and the Assignment; the terms take
+	// no part in an Elector's priority protocol.
+	priority := o.priority
 	o.priority, o.prioritySet = 0, false
 	// Validate the options as a term's lock, and a slot's, would: those
 	// with the longest keys, which must not be too long to watch.
@@ -132,7 +155,7 @@ func NewGroup(c *sskv.Client, group string, elections []string, value []byte, op
 	if err != nil {
 		return nil, &electionError{group, "group", err}
 	}
-	if _, err := lock.New(c, slotConfig(&o, slotKey(group, o.maxMembers-1))); err != nil {
+	if _, err := lock.New(c, slotConfig(&o, priority, slotKey(group, o.maxMembers-1))); err != nil {
 		return nil, &electionError{group, "group", err}
 	}
 	ttl := l.Config().TTL
@@ -146,6 +169,7 @@ func NewGroup(c *sskv.Client, group string, elections []string, value []byte, op
 		value:      value,
 		o:          o,
 		id:         o.candidateID,
+		priority:   priority,
 		ttl:        ttl,
 		settle:     min(max(ttl/20, 10*time.Millisecond), 100*time.Millisecond),
 		maxMembers: o.maxMembers,
@@ -160,17 +184,47 @@ func NewGroup(c *sskv.Client, group string, elections []string, value []byte, op
 func slotKey(group string, i int) string { return group + "\x00member\x00" + strconv.Itoa(i) }
 
 // slotConfig is the configuration of the lock of a member's slot: its
-// HolderID, the member id, is the key's value.
-func slotConfig(o *options, key string) lock.Config {
+// HolderID, the member id and priority p (slotValue), is the key's value.
+func slotConfig(o *options, p int, key string) lock.Config {
 	return lock.Config{
 		Name:          key,
-		HolderID:      o.candidateID,
+		HolderID:      slotValue(o.candidateID, p),
 		TTL:           o.ttl,
 		RenewInterval: o.renewInterval,
 		RenewDeadline: o.renewDeadline,
 		Race:          true, // only TryLock: no queue
 		Logger:        o.logger,
 	}
+}
+
+// slotPriorityInfix separates a member's id from its priority in the value
+// of its slot.
+const slotPriorityInfix = "\x00priority="
+
+// slotValue is the value of the slot of member id with priority p: the id
+// alone for priority 0, as members wrote before priorities, so that those
+// members and these read each other's slots.
+func slotValue(id string, p int) string {
+	if p == 0 {
+		return id
+	}
+	return id + slotPriorityInfix + strconv.Itoa(p)
+}
+
+// parseSlot reads the member id and priority of a slot's value (its lock
+// holder's id). A value that slotValue does not write with a priority
+// above 0 is an id alone, of priority 0.
+func parseSlot(v string) (id string, p int) {
+	i := strings.LastIndex(v, slotPriorityInfix)
+	if i < 0 {
+		return v, 0
+	}
+	num := v[i+len(slotPriorityInfix):]
+	p, err := strconv.Atoi(num)
+	if err != nil || p <= 0 || strconv.Itoa(p) != num {
+		return v, 0
+	}
+	return v[:i], p
 }
 
 func randHex(n int) string {
@@ -196,21 +250,32 @@ func (g *Group) Members() []string {
 }
 
 func (g *Group) membersLocked() []string {
+	return slices.Sorted(maps.Keys(g.prioritiesLocked()))
+}
+
+// prioritiesLocked returns the live members as this member sees them, with
+// their priorities. A member seen in two slots (an old slot of its own not
+// expired yet) counts once, with the higher priority.
+func (g *Group) prioritiesLocked() map[string]int {
 	if !g.runs {
 		return nil
 	}
-	var ids []string
+	ps := map[string]int{}
 	for i, s := range g.slots {
 		if s.id != "" && (s.id != g.id || i == g.self) {
-			ids = append(ids, s.id)
+			if p, ok := ps[s.id]; !ok || s.priority > p {
+				ps[s.id] = s.priority
+			}
 		}
 	}
 	if g.self >= 0 {
-		ids = append(ids, g.id)
+		ps[g.id] = g.priority
 	}
-	slices.Sort(ids)
-	return slices.Compact(ids)
+	return ps
 }
+
+// Priority returns this member's priority ([WithPriority]).
+func (g *Group) Priority() int { return g.priority }
 
 // Leading returns the elections this member leads now (sorted): those
 // whose work runs, with a term that has not ended.
@@ -243,15 +308,15 @@ func (g *Group) Term(election string) *Term {
 // each held as a [lock.Lock] with the group's TTL), and it watches every
 // slot (KEYNOTIFY) to learn the live members; it sends no request while
 // the members stay the same, other than the renewals of its slot and
-// terms. When the members change, it computes the [Assignment] of the
-// elections to the members after a short settling time (a twentieth of the
-// TTL, between 10 and 100 ms), campaigns in the elections newly assigned to
-// it and hands over those no longer assigned to it: their work's context is
-// cancelled, and once the work has returned the term is resigned, so that
-// the new owner's campaign, waiting on the election's key, takes it at
-// once. The campaigns a rebalance starts are paced (at most 64 start
-// within 50 ms of each other), so that they do not hold up the member's
-// renewals on the same connection. If every slot is taken, Run waits for
+// terms. When the members change, it computes the [PriorityAssignment] of
+// the elections to the members after a short settling time (a twentieth
+// of the TTL, between 10 and 100 ms), campaigns in the elections newly
+// assigned to it and hands over those no longer assigned to it: their
+// work's context ends (cause [ErrTransferred]), and once the work has
+// returned the term is resigned, so that the new owner's campaign, waiting
+// on the election's key, takes it at once. The campaigns a rebalance
+// starts are paced (at most 64 start within 50 ms of each other), so that
+// they do not hold up the member's renewals on the same connection. If every slot is taken, Run waits for
 // one to free up (and logs a warning). If this member loses its slot (its renewals failed), it joins
 // again at once, on any free slot, and keeps its terms meanwhile: the
 // assignment depends on the members' ids, not on their slots. If it cannot
@@ -321,7 +386,7 @@ type groupRun struct {
 
 // runner runs the campaigns and works of one election.
 type runner struct {
-	cancel   context.CancelFunc
+	cancel   context.CancelCauseFunc
 	done     chan struct{} // closed when it has resigned and returned
 	stopping bool          // cancelled: handed over
 }
@@ -511,13 +576,13 @@ func (g *Group) slotEvent(i int, ev sskv.Event) {
 		return
 	}
 	s := &g.slots[i]
-	old := s.id
+	old, oldP := s.id, s.priority
 	if ev.Op == sskv.OpDelete {
-		s.id = ""
+		s.id, s.priority = "", 0
 	} else {
-		s.id = lock.ParseHolder(ev.Value, ev.Version).ID
+		s.id, s.priority = parseSlot(lock.ParseHolder(ev.Value, ev.Version).ID)
 	}
-	changed := old != s.id
+	changed := old != s.id || oldP != s.priority
 	g.mu.Unlock()
 	if changed {
 		g.poke()
@@ -546,7 +611,7 @@ func (r *groupRun) join() (joined, full bool, err error) {
 		return false, true, nil
 	}
 	for _, i := range free {
-		l, err := lock.New(g.c, slotConfig(&g.o, slotKey(g.name, i)))
+		l, err := lock.New(g.c, slotConfig(&g.o, g.priority, slotKey(g.name, i)))
 		if err != nil {
 			return false, false, &electionError{g.name, "join", err}
 		}
@@ -573,17 +638,21 @@ func (r *groupRun) join() (joined, full bool, err error) {
 	return false, false, nil
 }
 
+// errHandedOver is the cause of the work context of a term whose election
+// the Assignment no longer gives this member.
+var errHandedOver = fmt.Errorf("%w: the group's assignment gives the election to another member", ErrTransferred)
+
 // rebalance starts the runners of the elections assigned to this member,
 // and hands over the others.
 func (r *groupRun) rebalance() {
 	g := r.g
 	g.mu.Lock()
-	members := g.membersLocked()
+	members := g.prioritiesLocked()
 	joined := g.self >= 0
 	g.mu.Unlock()
 	mine := map[string]bool{}
 	if joined && r.ctx.Err() == nil {
-		for e, m := range Assignment(members, g.elections) {
+		for e, m := range PriorityAssignment(members, g.elections) {
 			if m == g.id {
 				mine[e] = true
 			}
@@ -601,7 +670,7 @@ func (r *groupRun) rebalance() {
 		}
 		if !mine[e] && !n.stopping {
 			n.stopping = true
-			n.cancel()
+			n.cancel(errHandedOver)
 			stopped++
 		}
 	}
@@ -617,13 +686,13 @@ func (r *groupRun) rebalance() {
 			}
 			prev = old.done // its resign comes first
 		}
-		ctx, cancel := context.WithCancel(r.ctx)
+		ctx, cancel := context.WithCancelCause(r.ctx)
 		n := &runner{cancel: cancel, done: make(chan struct{})}
 		r.runners[e] = n
 		started++
 		r.wg.Go(func() {
 			defer close(n.done)
-			defer cancel()
+			defer cancel(nil)
 			if prev != nil {
 				<-prev
 			}
@@ -719,7 +788,7 @@ func (r *groupRun) shutdown(parent context.Context) error {
 	g.self = -1
 	g.mu.Unlock()
 	for _, n := range r.runners {
-		n.cancel()
+		n.cancel(nil) // Run's context has ended: its cause comes first
 	}
 	r.wg.Wait()
 	g.log.Info("left")
@@ -790,6 +859,28 @@ func Assignment(members, elections []string) map[string]string {
 		}
 	}
 	return out
+}
+
+// PriorityAssignment returns the member each election is assigned to when
+// members have priorities (each member's id and its priority, as given by
+// [WithPriority]): what every member of a [Group] computes. The elections
+// go to the members of the highest priority present, as [Assignment]
+// spreads them over those members alone; members of a lower priority get
+// none, whatever their number. So with every priority the same (0 by
+// default) it is Assignment of the members' ids. It returns nil when there
+// are no members.
+func PriorityAssignment(members map[string]int, elections []string) map[string]string {
+	if len(members) == 0 {
+		return nil
+	}
+	top := slices.Max(slices.Collect(maps.Values(members)))
+	var ms []string
+	for m, p := range members {
+		if p == top {
+			ms = append(ms, m)
+		}
+	}
+	return Assignment(ms, elections)
 }
 
 // hash64 is the rendezvous weight of member for election (member "" for

@@ -150,12 +150,21 @@ type groupRig struct {
 	every     time.Duration // how often a work writes
 	members   []*groupMember
 
-	active map[string]*atomic.Int32 // works running, by election; read-only map
-	writes atomic.Int64
+	active     map[string]*atomic.Int32 // works running, by election; read-only map
+	writes     atomic.Int64
+	handedOver atomic.Int64 // works whose context ended with ErrTransferred
 
 	mu    sync.Mutex
 	last  map[string]hlc.Timestamp // the token of the latest write, by election
 	ended []*leader.Term           // terms whose work has returned
+	began map[string]begun         // the latest work to start, by election
+	quit  map[string]time.Time     // when the latest work to return returned, by election
+}
+
+// begun is when a member's work of an election started.
+type begun struct {
+	member string
+	at     time.Time
 }
 
 type groupMember struct {
@@ -176,6 +185,8 @@ func newGroupRig(tb testing.TB, elections int, every time.Duration, opts ...lead
 		every:     every,
 		active:    map[string]*atomic.Int32{},
 		last:      map[string]hlc.Timestamp{},
+		began:     map[string]begun{},
+		quit:      map[string]time.Time{},
 	}
 	for _, e := range r.elections {
 		r.active[e] = new(atomic.Int32)
@@ -185,14 +196,16 @@ func newGroupRig(tb testing.TB, elections int, every time.Duration, opts ...lead
 
 func dataKey(election string) string { return "data/" + election }
 
-// start starts a member; it leaves the group when the test ends.
-func (r *groupRig) start(name string) *groupMember {
-	return r.startOn(name, dial(r.tb, r.srv.Addr()))
+// start starts a member, with the rig's options and extra; it leaves the
+// group when the test ends.
+func (r *groupRig) start(name string, extra ...leader.Option) *groupMember {
+	return r.startOn(name, dial(r.tb, r.srv.Addr()), extra...)
 }
 
 // startOn starts a member on client c, which other members may share.
-func (r *groupRig) startOn(name string, c *sskv.Client) *groupMember {
-	g, err := leader.NewGroup(c, "shards", r.elections, []byte(name), append(slices.Clone(r.opts), leader.WithCandidateID(name))...)
+func (r *groupRig) startOn(name string, c *sskv.Client, extra ...leader.Option) *groupMember {
+	opts := append(slices.Clone(r.opts), extra...)
+	g, err := leader.NewGroup(c, "shards", r.elections, []byte(name), append(opts, leader.WithCandidateID(name))...)
 	if err != nil {
 		r.tb.Fatal(err)
 	}
@@ -216,7 +229,15 @@ func (r *groupRig) work(c *sskv.Client) func(context.Context, *leader.Term) erro
 		if n := r.active[e].Add(1); n != 1 {
 			r.tb.Errorf("%d works of election %s at once", n, e)
 		}
-		defer r.active[e].Add(-1)
+		defer func() {
+			r.active[e].Add(-1)
+			r.mu.Lock()
+			r.quit[e] = time.Now()
+			r.mu.Unlock()
+		}()
+		r.mu.Lock()
+		r.began[e] = begun{t.CandidateID(), time.Now()}
+		r.mu.Unlock()
 		w := fenced.New(c, t)
 		tick := time.NewTicker(r.every)
 		defer tick.Stop()
@@ -230,6 +251,9 @@ func (r *groupRig) work(c *sskv.Client) func(context.Context, *leader.Term) erro
 			}
 			select {
 			case <-ctx.Done():
+				if errors.Is(context.Cause(ctx), leader.ErrTransferred) {
+					r.handedOver.Add(1)
+				}
 				r.mu.Lock()
 				r.ended = append(r.ended, t)
 				r.mu.Unlock()

@@ -70,7 +70,9 @@ func WithCandidateID(id string) Option { return func(o *options) { o.candidateID
 // take part: a leader without it neither publishes a priority nor hears
 // challenges (a plain election costs nothing more). The candidate id,
 // unless given, is fixed for the campaign (an Elector's for all of them):
-// the handover names it. A [Group] ignores it: see its documentation.
+// the handover names it. A [Group] member's priority applies to every
+// election of the group and works through the group's assignment, not
+// this protocol: see [Group].
 func WithPriority(p int) Option {
 	return func(o *options) { o.priority, o.prioritySet = p, true }
 }

@@ -16,8 +16,9 @@ import (
 )
 
 // ErrTransferred is the cause of a term's work context ended because the
-// term is to be handed over: by [Elector.Transfer], or to a candidate of a
-// higher priority (see [WithPriority]). The term still holds the key until
+// term is to be handed over: by [Elector.Transfer], to a candidate of a
+// higher priority (see [WithPriority]), or, in a [Group], to the member the
+// assignment now gives the election. The term still holds the key until
 // the work has returned; then Resign (or Run) hands it over.
 var ErrTransferred = errors.New("leader: leadership is being transferred")
 

@@ -19,7 +19,8 @@ const DefaultMaxReaders = 16
 
 // RWMutexConfig configures a participant of an [RWMutex]. HolderID, TTL,
 // RenewInterval, RenewDeadline, Logger and OnRenewal mean what they mean in
-// [Config] and apply to every key the participant holds.
+// [Config] and apply to every key the participant holds; MaxHold caps its
+// holdings, reads and writes alike.
 type RWMutexConfig struct {
 	// Name is the lock's record key; its gate is RWMutexGate(Name) and its
 	// reader slots RWMutexReader(Name, i).
@@ -32,8 +33,17 @@ type RWMutexConfig struct {
 	MaxReaders                        int
 	HolderID                          string
 	TTL, RenewInterval, RenewDeadline time.Duration
-	Logger                            *slog.Logger
-	OnRenewal                         func(latency time.Duration, err error)
+	// MaxHold, if positive, caps each holding, read or write, as
+	// Config.MaxHold caps a Lock's: MaxHold after it began, on the holder's
+	// own monotonic clock, it ends as lost (Err wraps ErrLost and
+	// ErrMaxHold) even while its renewals succeed; its key is released by
+	// RUnlock or Unlock once the work has returned, or expires within TTL.
+	// A read holding begins with the request that took its slot; a write
+	// holding once every reader slot was seen free, so that the wait for
+	// the readers to leave does not count. Zero: no cap.
+	MaxHold   time.Duration
+	Logger    *slog.Logger
+	OnRenewal func(latency time.Duration, err error)
 }
 
 // RWMutexGate returns the key of the gate of the RWMutex name: a FenceKey
@@ -85,9 +95,14 @@ func NewRWMutex(c *sskv.Client, cfg RWMutexConfig) (*RWMutex, error) {
 	if cfg.Name == "" || cfg.MaxReaders < 0 || cfg.MaxReaders > maxSemaphoreLimit {
 		return nil, configErr("RWMutex Name %q, MaxReaders %d: want a name, and 1 to %d readers", cfg.Name, cfg.MaxReaders, maxSemaphoreLimit)
 	}
+	if cfg.MaxHold < 0 {
+		return nil, configErr("negative MaxHold %v", cfg.MaxHold)
+	}
 	if cfg.HolderID == "" {
 		cfg.HolderID = defaultHolderID(c.ID())
 	}
+	// The gate has no MaxHold of its own: a writer's cap starts after the
+	// drain (capWrite), and a reader holds the gate only to enter.
 	lc := Config{Name: RWMutexGate(cfg.Name), HolderID: cfg.HolderID, TTL: cfg.TTL, RenewInterval: cfg.RenewInterval,
 		RenewDeadline: cfg.RenewDeadline, FenceKey: true, Logger: cfg.Logger, OnRenewal: cfg.OnRenewal}
 	gate, err := New(c, lc)
@@ -100,7 +115,7 @@ func NewRWMutex(c *sskv.Client, cfg RWMutexConfig) (*RWMutex, error) {
 	m := &RWMutex{c: c, cfg: cfg, gate: gate, turn: make(chan struct{}, 1), cur: newLock(c, lc, lc.Logger)}
 	// Slots race: only the gate's holder tries them, so there is no queue
 	// to keep, and a plain key costs one request to take.
-	lc.FenceKey, lc.Race = false, true
+	lc.FenceKey, lc.Race, lc.MaxHold = false, true, cfg.MaxHold
 	for i := range cfg.MaxReaders {
 		lc.Name = RWMutexReader(cfg.Name, i)
 		l, err := New(c, lc)
@@ -215,6 +230,9 @@ func (m *RWMutex) acquire(ctx context.Context, op string, write, try bool) (bool
 			m.giveBack(ctx, held)
 			return false, m.wrap(op, ErrClosed)
 		case err == nil && held != nil:
+			if write {
+				m.capWrite()
+			}
 			m.mu.Lock()
 			m.cur, m.writer = held, write
 			m.mu.Unlock()
@@ -231,6 +249,19 @@ func (m *RWMutex) acquire(ctx context.Context, op string, write, try bool) (bool
 		// The gate was lost on the way in: start over.
 		m.cfg.Logger.Debug("rwmutex: gate lost while entering; again", "name", m.cfg.Name, "error", err)
 	}
+}
+
+// capWrite ends the gate's holding, a write holding that has just begun,
+// as lost with ErrMaxHold at MaxHold from now, as a Lock's MaxHold would
+// have it from its acquisition. The timer goes when the holding ends.
+func (m *RWMutex) capWrite() {
+	d := m.cfg.MaxHold
+	if d <= 0 {
+		return
+	}
+	h := m.gate.holding()
+	t := time.AfterFunc(d, func() { h.lose(fmt.Errorf("%w (%v)", ErrMaxHold, d)) })
+	context.AfterFunc(h.ctx, func() { t.Stop() })
 }
 
 // heldOffUntil returns when the client's current connection lets a missing

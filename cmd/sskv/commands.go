@@ -286,7 +286,8 @@ the reason on stderr. Give -- before COMMAND when it has flags.
 With -max-hold D, the lock is given up D after it was taken even while
 its renewals succeed (a hung COMMAND would otherwise keep it forever):
 COMMAND is ended as for a lost lock, and sskv exits with status 4, saying
-so on stderr.
+so on stderr. It applies to -n, -r and -w runs alike; a -w run's D counts
+from when the -r runs before it have left.
 
 If sskv itself ends (kill -9, a crash), COMMAND and every process it
 started are killed at once, before the lock can expire: on Linux, sskv
@@ -341,8 +342,6 @@ holder has written the same key.`,
 			switch {
 			case o.maxHold < 0 || o.maxHold%time.Millisecond != 0:
 				return usagef("-max-hold %v: must be a positive whole number of milliseconds", o.maxHold)
-			case o.maxHold > 0 && (o.read || o.write):
-				return usagef("-max-hold: not with -r or -w (a read-write lock's holdings have no cap yet)")
 			}
 			return checkTTL(o.ttl)
 		},

@@ -111,7 +111,7 @@ func runLocked(ctx context.Context, c *sskv.Client, name string, k lockKind, arg
 	)
 	switch {
 	case k.read || k.write:
-		m, err := lock.NewRWMutex(c, lock.RWMutexConfig{Name: name, TTL: ttl, Logger: log})
+		m, err := lock.NewRWMutex(c, lock.RWMutexConfig{Name: name, TTL: ttl, MaxHold: maxHold, Logger: log})
 		if err != nil {
 			return fail(stderr, usagef("%v", err))
 		}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/lock"
 	"github.com/dsslock/dsslock/sskv"
 	"github.com/dsslock/dsslock/sskv/localstore"
 )
@@ -131,31 +132,59 @@ func TestLockLostTerminatesCommand(t *testing.T) {
 
 // With -max-hold, the lock is given up at its cap although it renews: the
 // command gets SIGTERM, sskv exits with status 4, and the key, still the
-// holder's, is released once the command has exited.
+// holder's, is released once the command has exited. So for a lock, and
+// for a read-write lock's read (-r) and write (-w) holdings.
 func TestLockMaxHoldTerminatesCommand(t *testing.T) {
-	srv := startStore(t, localstore.Config{})
-	dir := t.TempDir()
-	started, trapped := filepath.Join(dir, "started"), filepath.Join(dir, "trapped")
-	script := `trap 'echo TERM > "$1"; exit 0' TERM; : > "$0"; while :; do sleep 0.01; done`
-	o := sskvRun(t, "-addr", srv.Addr(), "lock", "-ttl", "1s", "-max-hold", "1500ms", "l", "--", "sh", "-c", script, started, trapped)
-	o.want(t, exitLost, "", `sskv: lock "l" lost: held for MaxHold (1.5s)`)
-	if b, err := os.ReadFile(trapped); err != nil || string(b) != "TERM\n" {
-		t.Fatalf("the command did not get SIGTERM: %q, %v", b, err)
+	for _, tc := range []struct {
+		kind string
+		keys []string // the keys the holding may have held
+	}{
+		{"", []string{"l"}},
+		{"-r", append(rwSlots("l"), lock.RWMutexGate("l"))},
+		{"-w", []string{lock.RWMutexGate("l")}},
+	} {
+		t.Run("lock"+tc.kind, func(t *testing.T) {
+			srv := startStore(t, localstore.Config{})
+			dir := t.TempDir()
+			started, trapped := filepath.Join(dir, "started"), filepath.Join(dir, "trapped")
+			script := `trap 'echo TERM > "$1"; exit 0' TERM; : > "$0"; while :; do sleep 0.01; done`
+			args := []string{"-addr", srv.Addr(), "lock", "-ttl", "1s", "-max-hold", "1500ms"}
+			if tc.kind != "" {
+				args = append(args, tc.kind)
+			}
+			o := sskvRun(t, append(args, "l", "--", "sh", "-c", script, started, trapped)...)
+			o.want(t, exitLost, "", `sskv: lock "l" lost: held for MaxHold (1.5s)`)
+			if b, err := os.ReadFile(trapped); err != nil || string(b) != "TERM\n" {
+				t.Fatalf("the command did not get SIGTERM: %q, %v", b, err)
+			}
+			c, err := sskv.Dial(context.Background(), sskv.Config{Addr: srv.Addr()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			for _, k := range tc.keys {
+				if res, err := c.Get(context.Background(), k); err != nil || res.Found {
+					t.Fatalf("after sskv exited, %q = %+v, %v; want it released", k, res, err)
+				}
+			}
+		})
 	}
-	c, err := sskv.Dial(context.Background(), sskv.Config{Addr: srv.Addr()})
-	if err != nil {
-		t.Fatal(err)
+}
+
+// rwSlots returns the reader slot keys of sskv lock -r NAME (16 readers).
+func rwSlots(name string) []string {
+	var ks []string
+	for i := range lock.DefaultMaxReaders {
+		ks = append(ks, lock.RWMutexReader(name, i))
 	}
-	defer c.Close()
-	if res, err := c.Get(context.Background(), "l"); err != nil || res.Found {
-		t.Fatalf("after sskv exited, l = %+v, %v; want it released", res, err)
-	}
+	return ks
 }
 
 func TestLockMaxHoldUsage(t *testing.T) {
 	for _, args := range [][]string{
 		{"lock", "-max-hold", "-1s", "l", "--", "true"},
-		{"lock", "-max-hold", "1s", "-r", "l", "--", "true"},
+		{"lock", "-max-hold", "-1s", "-r", "l", "--", "true"},
+		{"lock", "-max-hold", "1500us", "-w", "l", "--", "true"},
 	} {
 		o := sskvRun(t, args...)
 		if o.code != exitUsage {
