@@ -106,6 +106,7 @@ func BenchmarkHandover(b *testing.B) {
 	mustLock(b, ls[0])
 	var ds []time.Duration
 	i := 0
+	before := srv.Requests(cs[0].ID()) + srv.Requests(cs[1].ID())
 	for b.Loop() {
 		holder, w := ls[i%2], (i+1)%2
 		i++
@@ -125,6 +126,8 @@ func BenchmarkHandover(b *testing.B) {
 		ds = append(ds, (<-got).Sub(start))
 	}
 	reportPercentiles(b, ds, "ms")
+	// Every request of both clients, the queue's messages included.
+	b.ReportMetric(float64(srv.Requests(cs[0].ID())+srv.Requests(cs[1].ID())-before)/float64(b.N), "requests/op")
 }
 
 // Crash takeover: the holder's client disappears right after its

@@ -168,7 +168,7 @@ func (cq *crashQueue) setUp(tb testing.TB, ctx context.Context, srv *localstore.
 	}
 	// The holder renews a few times first, as a holder usually has since
 	// its watchers started watching: a watcher tells an expiry from a
-	// release by the time since the last write it saw (see queue.onLock).
+	// release by the time since the last write it saw (see qcore.onKey).
 	time.Sleep(ttl / 2)
 	_ = cs[1].Close()
 	// Acquisitions by the n waiters behind it, reindexed.

@@ -2,6 +2,7 @@ package lock
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -85,7 +86,7 @@ func (l *Lock) engage(ctx context.Context) (*queue, error) {
 	q := &queue{l: l, ctx: qctx, cancel: cancel, iw: iw, ew: ew,
 		exited: make(chan struct{}), sig: make(chan struct{}, 1), wake: make(chan struct{}, 1),
 		take: make(chan chan waitWatch),
-		c:    qcore{self: l.cfg.HolderID, ttl: l.cfg.TTL, fenceKey: l.cfg.FenceKey}}
+		c:    qcore{self: l.cfg.HolderID, ttl: l.cfg.TTL, fenceKey: l.cfg.FenceKey, keepWatch: !l.cfg.FenceKey}}
 	go q.run()
 	l.q = q
 	return q, nil
@@ -273,10 +274,32 @@ func (q *queue) write(out []qsend) {
 			if s.roll {
 				key = l.cfg.Name + queueSuffix
 			}
-			if _, err := l.c.Set(ctx, key, s.msg, l.msgOptions()); err != nil {
-				l.log.Debug("could not tell the queue; its waiters check again later", "to", s.to, "roll", s.roll, "error", err)
+			// A message lost with the connection is written again once it
+			// is back (a duplicate is harmless: queue.md W20), within the TTL.
+			retry := newBackoff(max(l.cfg.TTL/100, time.Millisecond), max(l.cfg.TTL/4, time.Millisecond))
+			for {
+				_, err := l.c.Set(ctx, key, s.msg, l.msgOptions())
+				if err == nil {
+					return
+				}
+				if !errors.Is(err, sskv.ErrNotSent) && !errors.Is(err, sskv.ErrConnectionLost) && !errors.Is(err, sskv.ErrNoAnswer) || !sleepCtx(ctx, retry.NextBackOff()) {
+					l.log.Debug("could not tell the queue; its waiters check again later", "to", s.to, "roll", s.roll, "error", err)
+					return
+				}
 			}
 		}()
+	}
+}
+
+// sleepCtx sleeps for d, and reports false if ctx ended first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 
@@ -429,6 +452,31 @@ func (q *queue) holdUntil() time.Time {
 	return q.c.holdUntil
 }
 
+// heldOff applies an attempt held off by the connection's hold-off
+// (evHeldOff), and makes at once the writes it asks for: the caller has
+// the Lock's turn, which a give-back needs. It reports whether it handed
+// the turn on.
+func (q *queue) heldOff(ctx context.Context) bool {
+	l := q.l
+	q.mu.Lock()
+	out := q.c.step(time.Now(), qevent{kind: evHeldOff})
+	q.mu.Unlock()
+	for _, s := range out {
+		if !s.give.IsZero() {
+			if _, err := l.c.VDel(ctx, l.cfg.Name, l.acqRecord(), sskv.DelOptions{FencingToken: s.give}); err != nil {
+				l.log.Debug("could not free the key reserved for this Lock; it expires after the TTL", "error", err)
+			}
+		}
+		if s.msg != nil {
+			if _, err := l.c.Set(ctx, l.inbox(s.to), s.msg, l.msgOptions()); err != nil {
+				l.log.Debug("could not hand the turn on; its waiters check again later", "to", s.to, "error", err)
+			}
+		}
+	}
+	q.notify()
+	return len(out) > 0
+}
+
 // startWait marks a wait under way.
 func (q *queue) startWait() { q.step(qevent{kind: evStart}) }
 
@@ -437,7 +485,9 @@ func (q *queue) startWait() { q.step(qevent{kind: evStart}) }
 // the roll unless a turn comes within rollGrace.
 func (q *queue) acquired(partial bool, token hlc.Timestamp) {
 	q.step(qevent{kind: evAcquired, partial: partial, token: token})
-	q.unwatchKey()
+	if q.l.cfg.FenceKey {
+		q.unwatchKey() // the holding's guard took it over (takeKeyWatch)
+	}
 	if partial {
 		time.AfterFunc(q.l.rollGrace(), func() { q.step(qevent{kind: evRollDue}) })
 	}

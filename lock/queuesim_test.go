@@ -110,6 +110,7 @@ type simPart struct {
 	keyGen       int // counts registrations: notes of older ones are dropped
 	waitStart    time.Duration
 	upAt, downAt time.Duration // the last arrival on its connection, each way: TCP keeps their order
+	scheduled    int           // deliveries of notifications under way
 	joinAt       time.Duration // when its first join of this wait reached the Lock it went to; -1: none yet
 	overtaken    int
 	lostPlace    bool // a fault may have cost it its place in this wait
@@ -138,6 +139,7 @@ type sim struct {
 	nconn     int
 	expiry    map[time.Duration]bool // expiries with an event queued
 	faults    int                    // faults injected so far
+	flapper   *simPart               // the only fault is this participant's flapping connection
 	restarted time.Duration          // the last store restart
 	lastFault time.Duration
 	quiet     time.Duration
@@ -211,8 +213,8 @@ func (s *sim) boot(n *simPart) {
 	n.id = fmt.Sprintf("n%d.%d", n.idx, n.inc)
 	n.nonce = fmt.Sprintf("%04x", s.rng.Uint32()&0xffff)
 	s.nconn++
-	n.conn, n.epoch = s.nconn, 0
-	n.c = &qcore{self: n.id, ttl: simTTL, fenceKey: s.cfg.fenceKey}
+	n.conn, n.epoch, n.scheduled = s.nconn, 0, 0
+	n.c = &qcore{self: n.id, ttl: simTTL, fenceKey: s.cfg.fenceKey, keepWatch: !s.cfg.fenceKey}
 	n.c.rec = s.acqRecord(n)
 	n.phase, n.busy, n.attempting, n.keyReg, n.keyBuf, n.turnQueue = phIdle, false, false, false, nil, nil
 	n.lost, n.confirm, n.rec, n.leaving = false, false, nil, 0
@@ -314,18 +316,29 @@ var errSimLost = errors.New("sim: connection lost")
 
 // flush delivers the store's new notifications, each connection's in
 // order, after delays.
+//
+// A notification leaves the store's queue only when it reaches the
+// participant, so that one still on its way when the connection is lost
+// counts as missed, and the store's Resync reports it.
 func (s *sim) flush() {
 	for _, n := range s.nodes {
-		for s.st.pending(n.conn) > 0 {
-			note, _ := s.st.pop(n.conn)
-			if n.phase == phCrashed {
-				continue
+		if n.phase == phCrashed {
+			for s.st.pending(n.conn) > 0 {
+				s.st.pop(n.conn)
 			}
-			gen, epoch := n.keyGen, n.epoch
+			continue
+		}
+		for s.st.pending(n.conn) > n.scheduled {
+			n.scheduled++
+			epoch, conn := n.epoch, n.conn
 			n.downAt = max(n.downAt, s.now+s.delay())
 			s.on(n, n.downAt-s.now, func() {
-				if n.epoch == epoch {
-					s.deliver(n, note, gen)
+				if n.epoch != epoch || n.conn != conn {
+					return
+				}
+				n.scheduled--
+				if note, ok := s.st.pop(conn); ok {
+					s.deliver(n, note, n.keyGen)
 				}
 			})
 		}
@@ -411,7 +424,9 @@ func (s *sim) endCall(n *simPart) {
 }
 
 func (s *sim) send(n *simPart, q qsend, ordered bool) {
-	msg := func() {
+	first := s.now
+	var msg func()
+	msg = func() {
 		if q.msg == nil {
 			return
 		}
@@ -422,7 +437,12 @@ func (s *sim) send(n *simPart, q qsend, ordered bool) {
 		s.request(n, func() error {
 			_, _, err := s.st.set(key, q.msg, simSet{TTL: 10 * simTTL})
 			return err
-		}, func(error) {
+		}, func(err error) {
+			if errors.Is(err, errSimLost) && s.now-first < simTTL {
+				// Written again once the connection is back (queue.write).
+				s.on(n, simTTL/100+time.Duration(s.rng.IntN(int(simTTL/20))), msg)
+				return
+			}
 			if ordered {
 				n.leaving--
 				s.drive(n)
@@ -674,9 +694,17 @@ func (s *sim) attempt(n *simPart, a qaction) {
 					s.take(n, a)
 					return
 				}
+				if a.held == heldTurn && s.heldOff(n) {
+					s.drive(n)
+					return
+				}
 				n.c.attempted(a, true)
 				s.retry(n, until-s.now)
 			})
+			return
+		}
+		if a.held == heldTurn && s.heldOff(n) {
+			s.drive(n)
 			return
 		}
 		n.c.attempted(a, true)
@@ -684,6 +712,17 @@ func (s *sim) attempt(n *simPart, a qaction) {
 		return
 	}
 	s.take(n, a)
+}
+
+// heldOff is queue.heldOff: the writes go out at once, with the turn.
+func (s *sim) heldOff(n *simPart) bool {
+	out := n.c.step(s.t(), qevent{kind: evHeldOff})
+	s.logf("%s held off: %d sends", n.id, len(out))
+	s.sends += len(out)
+	for _, q := range out {
+		s.send(n, q, false)
+	}
+	return len(out) > 0
 }
 
 // take is attemptFenced: SET NEX PX fenced with a.ft, then with FenceKey
@@ -810,6 +849,10 @@ func (s *sim) acquire(n *simPart, a qaction, token hlc.Timestamp, sent time.Dura
 			s.maxOver = max(s.maxOver, o.overtaken)
 		}
 	}
+	if f := s.flapper; f != nil && f != n && !s.cfg.slow && s.now-n.waitStart > 10*simTTL {
+		// Another's flapping connection delays nobody else much.
+		s.fail("%s waited %v while %s's connection flapped", n.id, s.now-n.waitStart, f.id)
+	}
 	s.handovers++
 	s.lastChange = s.now
 	n.phase, n.token, n.lastOK, n.lost, n.confirm = phHolding, token, sent, false, false
@@ -819,7 +862,9 @@ func (s *sim) acquire(n *simPart, a qaction, token hlc.Timestamp, sent time.Dura
 	n.holdGen++
 	s.logf("%s acquired token %v (partial %v)", n.id, token, a.partial)
 	s.step(n, qevent{kind: evAcquired, partial: a.partial, token: token})
-	s.unwatch(n)
+	if s.cfg.fenceKey {
+		s.unwatch(n) // the holding's guard took it over
+	}
 	if a.partial {
 		s.on(n, min(max(simTTL/5, 50*time.Millisecond), simTTL), func() { s.step(n, qevent{kind: evRollDue}) })
 	}
@@ -1001,6 +1046,7 @@ func (s *sim) reconnect(n *simPart) {
 func (s *sim) lostConn(n *simPart) {
 	// Answers in flight are lost (request answers errSimLost).
 	n.epoch++
+	n.scheduled = 0
 	n.holdOff = s.now + simTTL
 	n.confirm = true
 	for _, w := range s.nodes {
@@ -1025,14 +1071,20 @@ func (s *sim) resume(n *simPart) {
 func (s *sim) run() error {
 	limit := 200 * simTTL
 	if s.cfg.faults {
+		flapOnly := s.rng.IntN(4) == 0
 		nf := 1 + s.rng.IntN(4)
 		for range nf {
-			s.at(time.Duration(s.rng.IntN(int(3*simTTL))), s.fault)
+			if !flapOnly {
+				s.at(time.Duration(s.rng.IntN(int(3*simTTL))), s.fault)
+			}
 		}
-		if s.rng.IntN(3) == 0 {
+		if flapOnly || s.rng.IntN(3) == 0 {
 			// One participant's connection flaps: lost every 0.3 to 0.7
 			// TTL, for up to 8 TTLs.
 			f := s.nodes[s.rng.IntN(len(s.nodes))]
+			if flapOnly {
+				s.flapper = f
+			}
 			at, end := time.Duration(0), time.Duration(s.rng.IntN(int(8*simTTL)))
 			for at < end {
 				at += 3*simTTL/10 + time.Duration(s.rng.IntN(int(4*simTTL/10)))
@@ -1088,7 +1140,7 @@ func (s *sim) done() bool {
 	return true
 }
 
-var simEvNames = [...]string{"inbox", "roll", "key", "keyEnded", "watched", "unwatched", "start", "leave", "acquired", "rollDue", "grace", "recheck", "ended", "keptLost", "release", "turnOut"}
+var simEvNames = [...]string{"inbox", "roll", "key", "keyEnded", "watched", "unwatched", "start", "leave", "acquired", "rollDue", "grace", "recheck", "ended", "keptLost", "release", "turnOut", "heldOff"}
 
 func (k qevKind) String() string { return simEvNames[k] }
 

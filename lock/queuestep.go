@@ -62,6 +62,7 @@ type waiterState struct {
 	moved    bool          // turned: the key was freed, or changed hands, since the turn came
 	prev     waiterRole    // told: where it goes back to if the key was taken meanwhile
 	merge    bool          // waiting: what it keeps goes to to once confirmed (it lost a turn, or one came late)
+	rejoined bool          // queued: joined forward without an answer yet; a watch it has is kept until told
 	// The grace a freed key waits for the turn (D4, D10): armed, and passed.
 	graceArmed, graced bool
 	graceGen           uint64
@@ -89,6 +90,12 @@ type qcore struct {
 	rec      []byte // the Lock's acquisition record: the caller keeps it current
 	ttl      time.Duration
 	fenceKey bool
+	// keepWatch: a watch of the key is kept while the queue lives, from
+	// an acquisition until a wait no longer needs it, so that a Lock that
+	// locks again after a handover (the common case) costs no KEYNOTIFY,
+	// GET or STOP. Not with FenceKey, whose holding's guard takes the
+	// waiter's watch over.
+	keepWatch bool
 
 	ended   bool
 	lastMsg hlc.Timestamp
@@ -99,10 +106,15 @@ type qcore struct {
 	handTo    entry   // releasing: the first waiter, whom the release is for
 	heldToken hlc.Timestamp
 	relToken  hlc.Timestamp // the holding whose release gave it its turn
-	// relayed: when it last relayed a leave of each waiter. Locks that
-	// handed on to each other in a ring would pass a leave round for
-	// ever (W14): each relays a waiter's leave once a TTL.
-	relayed map[string]time.Time
+	// relayed: when, and to whom, it last relayed a leave ("-" id) or
+	// forwarded the entry ("+" id) of each waiter. Locks that handed on to
+	// each other in a ring would pass them round for ever (W14, W19):
+	// each relays a waiter's leave once a TTL, and hands the turn to
+	// entries that come back from the Lock it forwarded them to, rather
+	// than forward them again.
+	relayed    map[string]relayed
+	now        time.Time // of the step under way
+	viaForward bool      // the step handles a msgForward
 
 	w         waiterState
 	key       keyView
@@ -144,6 +156,7 @@ const (
 	evKeptLost                 // a wait begins after a holding ended without handing over
 	evRelease                  // the holding is being released: handTo is then the first waiter, if any
 	evTurnOut                  // the release is done: send the turn, with the reservation's version (token)
+	evHeldOff                  // the waiter's attempt is held off by its connection's outage
 )
 
 // qevent is an event of step.
@@ -160,6 +173,7 @@ type qevent struct {
 
 // step applies ev at now and returns the writes it asks for.
 func (c *qcore) step(now time.Time, ev qevent) []qsend {
+	c.now = now
 	var out []qsend
 	switch ev.kind {
 	case evInbox:
@@ -213,6 +227,17 @@ func (c *qcore) step(now time.Time, ev qevent) []qsend {
 		out = c.handOver()
 	case evTurnOut:
 		out = c.turnMsg(ev.token)
+	case evHeldOff:
+		// A turned waiter whose connection came back after an outage may
+		// not take a missing key for a TTL (a reconnect's hold-off), and
+		// a connection that keeps failing would hold the turn, and every
+		// waiter behind it, for as long (W18): if others wait, the turn
+		// and the queue go on to the first of them, and it joins again.
+		// The caller runs the sends at once: it has the Lock's turn.
+		if c.w.role == waitTurned && len(c.entries) > 0 {
+			out = c.handOn(c.w.token)
+			c.w = waiterState{role: waitStart}
+		}
 	case evKeptLost:
 		if c.keeper == keepHolding || c.keeper == keepPartial {
 			out = c.handOver()
@@ -293,7 +318,10 @@ func (c *qcore) onInbox(now time.Time, ev qevent) []qsend {
 		if !ok {
 			return nil
 		}
+		stamp(es, ev.version)
 		c.add(es)
+		c.viaForward = true
+		defer func() { c.viaForward = false }()
 	case msgLeave, msgRelay:
 		v, rec := ev.version, body
 		if kind == msgRelay {
@@ -308,7 +336,7 @@ func (c *qcore) onInbox(now time.Time, ev qevent) []qsend {
 				out = c.remove(i)
 			}
 			// Else it joined again after it left: the leave is late.
-		} else if c.forward != "" && !c.holds() && c.relay(now, id) {
+		} else if c.forward != "" && !c.holds() && c.relay(now, "-"+id) {
 			// It went to a Lock that handed the queue on: on to where the
 			// entry went, so that its keeper tells the watchers (msgLeft).
 			out = append(out, qsend{to: c.forward, msg: relayBody(v, rec)})
@@ -328,8 +356,8 @@ func (c *qcore) onInbox(now time.Time, ev qevent) []qsend {
 	case msgAck:
 		// Queued, and not among the watchers: it no longer watches the key.
 		switch w.role {
-		case waitUnconfirmed, waitFirst, waitSecond:
-			w.role, w.ahead = waitQueued, nil
+		case waitUnconfirmed, waitFirst, waitSecond, waitQueued:
+			w.role, w.ahead, w.rejoined = waitQueued, nil, false
 		}
 	case msgLeft:
 		if i := slices.Index(w.ahead, string(body)); i >= 0 && w.role == waitSecond {
@@ -355,6 +383,7 @@ func (c *qcore) onInbox(now time.Time, ev qevent) []qsend {
 		if !ok {
 			return nil
 		}
+		stamp(es, ev.version)
 		c.entries = mergeEntries(c.self, es, c.entries)
 		switch {
 		case c.holds():
@@ -400,20 +429,39 @@ func (c *qcore) onInbox(now time.Time, ev qevent) []qsend {
 	return append(out, c.settle()...)
 }
 
-// relay reports whether a leave of id may be relayed now, and records it.
-func (c *qcore) relay(now time.Time, id string) bool {
-	if t, ok := c.relayed[id]; ok && now.Sub(t) < c.ttl {
+// stamp gives entries that came in a message of version v that version as
+// their join's: their joins were no later, and a leave older than the
+// message may be of an earlier wait (W17). A leave of the same wait that
+// crossed it then costs a hop (its turn reaches a Lock that no longer
+// waits, which hands it on), not a waiter's place.
+func stamp(es []entry, v hlc.Timestamp) {
+	for i := range es {
+		es[i].ver = v
+	}
+}
+
+// relayed is when, and to whom, a leave or an entry was passed on.
+type relayed struct {
+	at time.Time
+	to string
+}
+
+// relay reports whether what key names (see qcore.relayed) may be passed
+// on to c.forward now, and records it: not if it was passed on to the same
+// Lock within a TTL.
+func (c *qcore) relay(now time.Time, key string) bool {
+	if r, ok := c.relayed[key]; ok && now.Sub(r.at) < c.ttl && r.to == c.forward {
 		return false
 	}
-	for k, t := range c.relayed {
-		if now.Sub(t) >= c.ttl {
+	for k, r := range c.relayed {
+		if now.Sub(r.at) >= c.ttl {
 			delete(c.relayed, k)
 		}
 	}
 	if c.relayed == nil {
-		c.relayed = make(map[string]time.Time)
+		c.relayed = make(map[string]relayed)
 	}
-	c.relayed[id] = now
+	c.relayed[key] = relayed{at: now, to: c.forward}
 	return true
 }
 
@@ -502,7 +550,16 @@ func (c *qcore) settle() []qsend {
 		}
 		// Otherwise it keeps them, unconfirmed: they watch the key.
 	case c.forward != "":
-		if len(c.entries) > 0 {
+		back := false
+		for _, e := range c.entries {
+			if !c.relay(c.now, "+"+e.id) && c.viaForward {
+				back = true // forwarded back by the Lock it forwarded it to: they go round
+			}
+		}
+		if back {
+			c.forward = ""
+			out = c.handOn(hlc.Timestamp{})
+		} else if len(c.entries) > 0 {
 			out = append(out, qsend{to: c.forward, msg: appendEntries([]byte{msgForward}, c.entries)})
 			c.entries = nil
 		}
@@ -614,12 +671,17 @@ func (c *qcore) onKey(now time.Time, ev sskv.Event) []qsend {
 
 // watchesKey reports whether this Lock should watch the lock's key.
 func (c *qcore) watchesKey() bool {
+	keep := c.keepWatch && c.key.watching // kept if it has one, not started
 	if c.holds() {
-		return false
+		return keep
 	}
 	switch c.w.role {
 	case waitStart:
-		return c.forward == "" // a rejoin of forward is confirmed without a watch
+		// A rejoin of forward is confirmed without a watch: the Lock it
+		// joins tells it to watch (msgHead), or not (msgAck).
+		return c.forward == "" || keep
+	case waitQueued:
+		return c.w.rejoined && keep
 	case waitJoin, waitOwn, waitUnconfirmed, waitFirst, waitSecond:
 		return true
 	case waitTurned, waitTold:
@@ -821,6 +883,7 @@ func (c *qcore) next(now time.Time) qaction {
 			// recorded first (the answer may beat the SET's).
 			to := c.forward
 			c.joined(now, to, true)
+			w.rejoined = true
 			return qaction{kind: actRejoin, to: to}
 		case w.role == waitStart || w.role == waitJoin:
 			return qaction{kind: actGet} // D9

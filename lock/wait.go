@@ -673,6 +673,10 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 				ft, ok = l.reservedOn(ctx, cn)
 			}
 			if !ok {
+				if a.held == heldTurn && q.heldOff(ctx) {
+					l.log.Debug("held off after an outage; the turn goes on to the next waiter", "for", d)
+					return false, nil
+				}
 				l.log.Debug("the key may still be held by a holder that lost it unseen; waiting", "for", d)
 				retrying = true
 				timer.Reset(d)
