@@ -460,8 +460,15 @@ func (q *queue) heldOff(ctx context.Context) bool {
 	l := q.l
 	q.mu.Lock()
 	out := q.c.step(time.Now(), qevent{kind: evHeldOff})
+	handed := q.c.w.role == waitStart
 	q.mu.Unlock()
 	for _, s := range out {
+		if s.roll {
+			if _, err := l.c.Set(ctx, l.cfg.Name+queueSuffix, s.msg, l.msgOptions()); err != nil {
+				l.log.Debug("could not call the roll; the waiters check again later", "error", err)
+			}
+			continue
+		}
 		if !s.give.IsZero() {
 			if _, err := l.c.VDel(ctx, l.cfg.Name, l.acqRecord(), sskv.DelOptions{FencingToken: s.give}); err != nil {
 				l.log.Debug("could not free the key reserved for this Lock; it expires after the TTL", "error", err)
@@ -474,7 +481,7 @@ func (q *queue) heldOff(ctx context.Context) bool {
 		}
 	}
 	q.notify()
-	return len(out) > 0
+	return handed && len(out) > 0
 }
 
 // startWait marks a wait under way.

@@ -139,21 +139,19 @@ type sim struct {
 	nconn     int
 	expiry    map[time.Duration]bool // expiries with an event queued
 	faults    int                    // faults injected so far
-	flapper   *simPart               // the only fault is this participant's flapping connection
+	flappers  []*simPart             // the only fault is these participants' flapping connection
 	restarted time.Duration          // the last store restart
 	lastFault time.Duration
-	quiet     time.Duration
 	err       error
 	trace     []string
 	// The oracle's records.
-	lastToken  hlc.Timestamp
-	maxOver    int
-	rechecks   int
-	handovers  int
-	sends      int
-	steps      int
-	keepTrace  bool
-	lastChange time.Duration
+	lastToken hlc.Timestamp
+	maxOver   int
+	rechecks  int
+	handovers int
+	sends     int
+	steps     int
+	keepTrace bool
 }
 
 func (s *sim) t() time.Time { return simEpoch.Add(s.now) }
@@ -694,7 +692,7 @@ func (s *sim) attempt(n *simPart, a qaction) {
 					s.take(n, a)
 					return
 				}
-				if a.held == heldTurn && s.heldOff(n) {
+				if s.heldOff(n) {
 					s.drive(n)
 					return
 				}
@@ -703,7 +701,7 @@ func (s *sim) attempt(n *simPart, a qaction) {
 			})
 			return
 		}
-		if a.held == heldTurn && s.heldOff(n) {
+		if s.heldOff(n) {
 			s.drive(n)
 			return
 		}
@@ -719,10 +717,11 @@ func (s *sim) heldOff(n *simPart) bool {
 	out := n.c.step(s.t(), qevent{kind: evHeldOff})
 	s.logf("%s held off: %d sends", n.id, len(out))
 	s.sends += len(out)
+	handed := n.c.w.role == waitStart
 	for _, q := range out {
 		s.send(n, q, false)
 	}
-	return len(out) > 0
+	return handed && len(out) > 0
 }
 
 // take is attemptFenced: SET NEX PX fenced with a.ft, then with FenceKey
@@ -849,12 +848,11 @@ func (s *sim) acquire(n *simPart, a qaction, token hlc.Timestamp, sent time.Dura
 			s.maxOver = max(s.maxOver, o.overtaken)
 		}
 	}
-	if f := s.flapper; f != nil && f != n && !s.cfg.slow && s.now-n.waitStart > 10*simTTL {
-		// Another's flapping connection delays nobody else much.
-		s.fail("%s waited %v while %s's connection flapped", n.id, s.now-n.waitStart, f.id)
+	if len(s.flappers) > 0 && !slices.Contains(s.flappers, n) && !s.cfg.slow && s.now-n.waitStart > 10*simTTL {
+		// Others' flapping connection delays nobody else much.
+		s.fail("%s waited %v while others' connection flapped", n.id, s.now-n.waitStart)
 	}
 	s.handovers++
-	s.lastChange = s.now
 	n.phase, n.token, n.lastOK, n.lost, n.confirm = phHolding, token, sent, false, false
 	s.endCall(n)
 	n.rec = s.record(n, token)
@@ -1079,11 +1077,14 @@ func (s *sim) run() error {
 			}
 		}
 		if flapOnly || s.rng.IntN(3) == 0 {
-			// One participant's connection flaps: lost every 0.3 to 0.7
-			// TTL, for up to 8 TTLs.
-			f := s.nodes[s.rng.IntN(len(s.nodes))]
+			// Some participants' connection flaps (they share a client):
+			// lost every 0.3 to 0.7 TTL, for up to 8 TTLs.
+			var fs []*simPart
+			for _, i := range s.rng.Perm(len(s.nodes))[:1+s.rng.IntN(len(s.nodes)-1)] {
+				fs = append(fs, s.nodes[i])
+			}
 			if flapOnly {
-				s.flapper = f
+				s.flappers = fs
 			}
 			at, end := time.Duration(0), time.Duration(s.rng.IntN(int(8*simTTL)))
 			for at < end {
@@ -1091,8 +1092,10 @@ func (s *sim) run() error {
 				s.at(at, func() {
 					s.faults++
 					s.lastFault = s.now
-					if f.phase != phCrashed {
-						s.reconnect(f)
+					for _, f := range fs {
+						if f.phase != phCrashed {
+							s.reconnect(f)
+						}
 					}
 				})
 			}

@@ -60,6 +60,7 @@ type waiterState struct {
 	token    hlc.Timestamp // turned: the reservation's version (FenceKey), or zero
 	watch    bool          // turned, told: it watched the key when it got there
 	moved    bool          // turned: the key was freed, or changed hands, since the turn came
+	resynced bool          // turned: its inbox missed messages; it takes the key as partial (a roll call due)
 	prev     waiterRole    // told: where it goes back to if the key was taken meanwhile
 	merge    bool          // waiting: what it keeps goes to to once confirmed (it lost a turn, or one came late)
 	rejoined bool          // queued: joined forward without an answer yet; a watch it has is kept until told
@@ -234,9 +235,17 @@ func (c *qcore) step(now time.Time, ev qevent) []qsend {
 		// waiter behind it, for as long (W18): if others wait, the turn
 		// and the queue go on to the first of them, and it joins again.
 		// The caller runs the sends at once: it has the Lock's turn.
-		if c.w.role == waitTurned && len(c.entries) > 0 {
+		switch {
+		case c.w.role == waitTurned && len(c.entries) > 0:
 			out = c.handOn(c.w.token)
 			c.w = waiterState{role: waitStart}
+		case c.waiting() && c.relay(now, "roll"):
+			// It would take a free key and may not: the waiters that wait
+			// on it, or on a turn lost with the outage, may not know. An
+			// empty roll call, once a TTL, sends every waiter to read the
+			// key and join again; one whose connection is sound takes it
+			// (W21).
+			out = append(out, qsend{roll: true, msg: []byte{msgRoll}})
 		}
 	case evKeptLost:
 		if c.keeper == keepHolding || c.keeper == keepPartial {
@@ -288,12 +297,22 @@ func (c *qcore) joined(now time.Time, id string, acked bool) {
 }
 
 func (c *qcore) onInbox(now time.Time, ev qevent) []qsend {
-	if ev.resync && !c.holds() {
-		// Messages may have been missed: a waiter reads the holder and
-		// joins again (a holder keeps one place per waiter). A holder does
-		// nothing: a join it missed was not confirmed, so its waiter
-		// watches the key and joins again at the next release (W2).
-		c.rejoin()
+	if ev.resync {
+		// Messages may have been missed. A waiter reads the holder and
+		// joins again (a holder keeps one place per waiter). A keeper, or
+		// a waiter that has the turn (the keeper to be), may have missed
+		// entries sent to it (a forward, a rejoin: confirmed, those
+		// waiters do not watch the key): it calls the roll, as a holder
+		// that was not handed the queue does (W22). A join it missed was
+		// not confirmed: its waiter watches the key (W2).
+		switch {
+		case c.holds():
+			c.keeper = keepPartial
+		case c.w.role == waitTurned:
+			c.w.resynced = true
+		default:
+			c.rejoin()
+		}
 	}
 	if len(ev.value) == 0 || !ev.version.After(c.lastMsg) {
 		return nil
@@ -859,7 +878,7 @@ func (c *qcore) next(now time.Time) qaction {
 		case turn || reserved:
 			// D5: the lock was released to it.
 			w.graced, w.graceArmed = false, false
-			a := qaction{kind: actAttempt, held: heldTurn, looked: k.seq, watched: k.watching}
+			a := qaction{kind: actAttempt, held: heldTurn, looked: k.seq, watched: k.watching, partial: w.resynced}
 			if reserved {
 				a.held = heldReserved
 			}

@@ -673,7 +673,7 @@ func (l *Lock) waitQueued(ctx context.Context) (unknown bool, err error) {
 				ft, ok = l.reservedOn(ctx, cn)
 			}
 			if !ok {
-				if a.held == heldTurn && q.heldOff(ctx) {
+				if q.heldOff(ctx) {
 					l.log.Debug("held off after an outage; the turn goes on to the next waiter", "for", d)
 					return false, nil
 				}
