@@ -44,8 +44,9 @@
 //     guarded work has returned. Unlock and Close still try for a second of
 //     their own if their context has ended already. Tokens increase
 //     strictly from one holder to the next; renewals keep a holding's token.
-//   - With Config.MaxHold, a holding ends as lost ([ErrMaxHold]) that long
-//     after it was taken, even while its renewals succeed.
+//   - With Config.MaxHold (or SemaphoreConfig.MaxHold, RWMutexConfig.MaxHold),
+//     a holding ends as lost ([ErrMaxHold]) that long after it was taken,
+//     even while its renewals succeed.
 //   - A holding never outlives its key: after a reconnect or a Resync the
 //     holder reads its key before it writes again, and a missing or changed
 //     key ends the holding. Its requests are never sent again on a later
