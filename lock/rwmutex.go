@@ -183,28 +183,33 @@ func (m *RWMutex) acquire(ctx context.Context, op string, write, try bool) (bool
 		} else if err := m.gate.Lock(ctx); err != nil {
 			return false, m.wrap(op, err)
 		}
-		if !write && !try {
-			if off := m.heldOffUntil(ctx); time.Now().Before(off) {
-				// Its connection came after an outage, and it may take no
-				// missing slot until then (see Lock.holdOff): it leaves
-				// the gate to the next waiters, whose connections may
-				// have none, and queues again once its hold-off ends, as
-				// a Semaphore's waiter does.
-				m.giveBackWithin(ctx, m.gate, m.cfg.RenewDeadline/4)
-				m.cfg.Logger.Debug("rwmutex: held off after a reconnect; leaving the gate to the next waiter", "name", m.cfg.Name, "until", off)
-				t := time.NewTimer(time.Until(off))
-				select {
-				case <-ctx.Done():
-					t.Stop()
-					return false, m.wrap(op, ctx.Err())
-				case <-t.C:
-				}
-				continue
+		var off time.Time // its connection's hold-off (Lock.holdOff), if it waits
+		if !try {
+			off = m.heldOffUntil(ctx)
+		}
+		if !write && time.Now().Before(off) {
+			// Its connection came after an outage, and it may take no
+			// missing slot until then: it leaves the gate to the next
+			// waiters, whose connections may have none, and queues again
+			// once its hold-off ends, as a Semaphore's waiter does.
+			if err := m.leaveGate(ctx, off); err != nil {
+				return false, m.wrap(op, err)
 			}
+			continue
 		}
 		held, err := m.gate, error(nil)
 		if write {
-			err = m.drain(ctx, try)
+			// A held-off writer finds the slots free, or leaves the gate
+			// as a held-off reader does: its drain would wait out the
+			// hold-off, and with a connection that keeps failing, for as
+			// long, holding up everyone behind the gate.
+			heldOff := time.Now().Before(off)
+			if err = m.drain(ctx, try || heldOff); heldOff && errors.Is(err, errBusy) {
+				if err := m.leaveGate(ctx, off); err != nil {
+					return false, m.wrap(op, err)
+				}
+				continue
+			}
 		} else {
 			held, err = m.takeSlot(ctx, try)
 		}
@@ -248,6 +253,21 @@ func (m *RWMutex) acquire(ctx context.Context, op string, write, try bool) (bool
 		}
 		// The gate was lost on the way in: start over.
 		m.cfg.Logger.Debug("rwmutex: gate lost while entering; again", "name", m.cfg.Name, "error", err)
+	}
+}
+
+// leaveGate gives the gate back to the waiters behind it, and waits until
+// off, the end of this client's hold-off, or ctx's end.
+func (m *RWMutex) leaveGate(ctx context.Context, off time.Time) error {
+	m.giveBackWithin(ctx, m.gate, m.cfg.RenewDeadline/4)
+	m.cfg.Logger.Debug("rwmutex: held off after a reconnect; leaving the gate to the next waiter", "name", m.cfg.Name, "until", off)
+	t := time.NewTimer(time.Until(off))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
 	}
 }
 
