@@ -276,30 +276,15 @@ func (q *queue) write(out []qsend) {
 			}
 			// A message lost with the connection is written again once it
 			// is back (a duplicate is harmless: queue.md W20), within the TTL.
-			retry := newBackoff(max(l.cfg.TTL/100, time.Millisecond), max(l.cfg.TTL/4, time.Millisecond))
-			for {
-				_, err := l.c.Set(ctx, key, s.msg, l.msgOptions())
-				if err == nil {
-					return
-				}
-				if !errors.Is(err, sskv.ErrNotSent) && !errors.Is(err, sskv.ErrConnectionLost) && !errors.Is(err, sskv.ErrNoAnswer) || !sleepCtx(ctx, retry.NextBackOff()) {
-					l.log.Debug("could not tell the queue; its waiters check again later", "to", s.to, "roll", s.roll, "error", err)
-					return
-				}
+			err := retryRequests(ctx, l.cfg.TTL, l.log, "could not tell the queue; again",
+				func() error { _, err := l.c.Set(ctx, key, s.msg, l.msgOptions()); return err },
+				func(err error) bool {
+					return !errors.Is(err, sskv.ErrNotSent) && !errors.Is(err, sskv.ErrConnectionLost) && !errors.Is(err, sskv.ErrNoAnswer)
+				})
+			if err != nil {
+				l.log.Debug("could not tell the queue; its waiters check again later", "to", s.to, "roll", s.roll, "error", err)
 			}
 		}()
-	}
-}
-
-// sleepCtx sleeps for d, and reports false if ctx ended first.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
 	}
 }
 

@@ -590,25 +590,8 @@ func (s *sim) drive(n *simPart) {
 		case actAttempt:
 			s.attempt(n, a)
 			return
-		case actRejoin, actJoin:
-			kind := byte(msgRejoin)
-			if a.kind == actJoin {
-				kind = msgJoin
-			}
-			msg := append([]byte{kind}, s.acqRecord(n)...)
-			n.busy = true
-			s.request(n, func() error {
-				_, _, err := s.st.set(simName+inboxInfix+a.to, msg, simSet{TTL: 10 * simTTL})
-				return err
-			}, func(err error) {
-				n.busy = false
-				if err != nil {
-					n.c.joinFailed()
-					s.retry(n, 0)
-					return
-				}
-				s.drive(n)
-			})
+		case actRejoin:
+			s.join(n, msgRejoin, a.to)
 			return
 		case actGet:
 			n.busy = true
@@ -628,21 +611,7 @@ func (s *sim) drive(n *simPart) {
 				case actAttempt:
 					s.attempt(n, b)
 				case actJoin:
-					// The join goes out as the loop's next request.
-					msg := append([]byte{msgJoin}, s.acqRecord(n)...)
-					n.busy = true
-					s.request(n, func() error {
-						_, _, err := s.st.set(simName+inboxInfix+b.to, msg, simSet{TTL: 10 * simTTL})
-						return err
-					}, func(err error) {
-						n.busy = false
-						if err != nil {
-							n.c.joinFailed()
-							s.retry(n, 0)
-							return
-						}
-						s.drive(n)
-					})
+					s.join(n, msgJoin, b.to) // the loop's next request
 				default:
 					s.drive(n)
 				}
@@ -650,6 +619,24 @@ func (s *sim) drive(n *simPart) {
 			return
 		}
 	}
+}
+
+// join is the loop's SET of a msgJoin or msgRejoin (kind) into to's inbox.
+func (s *sim) join(n *simPart, kind byte, to string) {
+	msg := append([]byte{kind}, s.acqRecord(n)...)
+	n.busy = true
+	s.request(n, func() error {
+		_, _, err := s.st.set(simName+inboxInfix+to, msg, simSet{TTL: 10 * simTTL})
+		return err
+	}, func(err error) {
+		n.busy = false
+		if err != nil {
+			n.c.joinFailed()
+			s.retry(n, 0)
+			return
+		}
+		s.drive(n)
+	})
 }
 
 func (s *sim) unwatch(n *simPart) {
