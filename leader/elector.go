@@ -127,8 +127,10 @@ func (e *Elector) Run(ctx context.Context, work func(ctx context.Context, t *Ter
 			}
 			return err
 		}
-		e.log.Info("elected", "candidate", t.CandidateID(), "token", t.Token())
+		// The term first: whoever reads the log line and then asks
+		// Leading must see it.
 		e.setTerm(t)
+		e.log.Info("elected", "candidate", t.CandidateID(), "token", t.Token())
 		if e.o.onStarted != nil {
 			e.o.onStarted(t)
 		}
