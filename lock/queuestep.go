@@ -112,7 +112,8 @@ type qcore struct {
 	// each other in a ring would pass them round for ever (W14, W19):
 	// each relays a waiter's leave once a TTL, and hands the turn to
 	// entries that come back from the Lock it forwarded them to, rather
-	// than forward them again.
+	// than forward them again. "roll" keys its last empty roll call
+	// (evHeldOff).
 	relayed    map[string]relayed
 	now        time.Time // of the step under way
 	viaForward bool      // the step handles a msgForward
