@@ -228,7 +228,6 @@ func (q *queue) notify() {
 // write makes the writes step asked for, each in the background: a message
 // lost is covered by the protocol (queue.md 6b, L7).
 func (q *queue) write(out []qsend) {
-	l := q.l
 	for _, s := range out {
 		// Not one that waits for the Lock's turn, which the waiting Lock
 		// call has: they would wait for each other.
@@ -250,41 +249,48 @@ func (q *queue) write(out []qsend) {
 					q.mu.Unlock()
 				}()
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), l.cfg.TTL)
-			defer cancel()
-			if !s.give.IsZero() {
-				// The key is reserved for this Lock, which no longer waits:
-				// it frees it first, with the turn, since this Lock may be
-				// taking the key itself (see withTurn).
-				give := func() {
-					if _, err := l.c.VDel(ctx, l.cfg.Name, l.acqRecord(), sskv.DelOptions{FencingToken: s.give}); err != nil {
-						l.log.Debug("could not free the key reserved for this Lock; it expires after the TTL", "error", err)
-					}
-				}
-				if s.turn {
-					l.withTurn(ctx, give)
-				} else {
-					give()
-				}
-			}
-			if s.msg == nil {
-				return
-			}
-			key := l.inbox(s.to)
-			if s.roll {
-				key = l.cfg.Name + queueSuffix
-			}
-			// A message lost with the connection is written again once it
-			// is back (a duplicate is harmless: queue.md W20), within the TTL.
-			err := retryRequests(ctx, l.cfg.TTL, l.log, "could not tell the queue; again",
-				func() error { _, err := l.c.Set(ctx, key, s.msg, l.msgOptions()); return err },
-				func(err error) bool {
-					return !errors.Is(err, sskv.ErrNotSent) && !errors.Is(err, sskv.ErrConnectionLost) && !errors.Is(err, sskv.ErrNoAnswer)
-				})
-			if err != nil {
-				l.log.Debug("could not tell the queue; its waiters check again later", "to", s.to, "roll", s.roll, "error", err)
-			}
+			q.put(context.Background(), s, s.turn)
 		}()
+	}
+}
+
+// put makes the write s, within a TTL: the give-back first, with the
+// Lock's turn if withTurn, then the message.
+func (q *queue) put(ctx context.Context, s qsend, withTurn bool) {
+	l := q.l
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.TTL)
+	defer cancel()
+	if !s.give.IsZero() {
+		// The key is reserved for this Lock, which no longer waits: it
+		// frees it first, with the turn, since this Lock may be taking the
+		// key itself (see withTurn).
+		give := func() {
+			if _, err := l.c.VDel(ctx, l.cfg.Name, l.acqRecord(), sskv.DelOptions{FencingToken: s.give}); err != nil {
+				l.log.Debug("could not free the key reserved for this Lock; it expires after the TTL", "error", err)
+			}
+		}
+		if withTurn {
+			l.withTurn(ctx, give)
+		} else {
+			give()
+		}
+	}
+	if s.msg == nil {
+		return
+	}
+	key := l.inbox(s.to)
+	if s.roll {
+		key = l.cfg.Name + queueSuffix
+	}
+	// A message lost with the connection is written again once it is
+	// back (a duplicate is harmless: queue.md W20), within the TTL.
+	err := retryRequests(ctx, l.cfg.TTL, l.log, "could not tell the queue; again",
+		func() error { _, err := l.c.Set(ctx, key, s.msg, l.msgOptions()); return err },
+		func(err error) bool {
+			return !errors.Is(err, sskv.ErrNotSent) && !errors.Is(err, sskv.ErrConnectionLost) && !errors.Is(err, sskv.ErrNoAnswer)
+		})
+	if err != nil {
+		l.log.Debug("could not tell the queue; its waiters check again later", "to", s.to, "roll", s.roll, "error", err)
 	}
 }
 
@@ -442,31 +448,16 @@ func (q *queue) holdUntil() time.Time {
 // the Lock's turn, which a give-back needs. It reports whether it handed
 // the turn on.
 func (q *queue) heldOff(ctx context.Context) bool {
-	l := q.l
 	q.mu.Lock()
+	turned := q.c.w.role == waitTurned
 	out := q.c.step(time.Now(), qevent{kind: evHeldOff})
-	handed := q.c.w.role == waitStart
+	handed := turned && q.c.w.role == waitStart
 	q.mu.Unlock()
 	for _, s := range out {
-		if s.roll {
-			if _, err := l.c.Set(ctx, l.cfg.Name+queueSuffix, s.msg, l.msgOptions()); err != nil {
-				l.log.Debug("could not call the roll; the waiters check again later", "error", err)
-			}
-			continue
-		}
-		if !s.give.IsZero() {
-			if _, err := l.c.VDel(ctx, l.cfg.Name, l.acqRecord(), sskv.DelOptions{FencingToken: s.give}); err != nil {
-				l.log.Debug("could not free the key reserved for this Lock; it expires after the TTL", "error", err)
-			}
-		}
-		if s.msg != nil {
-			if _, err := l.c.Set(ctx, l.inbox(s.to), s.msg, l.msgOptions()); err != nil {
-				l.log.Debug("could not hand the turn on; its waiters check again later", "to", s.to, "error", err)
-			}
-		}
+		q.put(ctx, s, false) // this call has the Lock's turn
 	}
 	q.notify()
-	return handed && len(out) > 0
+	return handed
 }
 
 // startWait marks a wait under way.

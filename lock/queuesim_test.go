@@ -701,14 +701,15 @@ func (s *sim) attempt(n *simPart, a qaction) {
 
 // heldOff is queue.heldOff: the writes go out at once, with the turn.
 func (s *sim) heldOff(n *simPart) bool {
+	turned := n.c.w.role == waitTurned
 	out := n.c.step(s.t(), qevent{kind: evHeldOff})
 	s.logf("%s held off: %d sends", n.id, len(out))
 	s.sends += len(out)
-	handed := n.c.w.role == waitStart
+	handed := turned && n.c.w.role == waitStart
 	for _, q := range out {
 		s.send(n, q, false)
 	}
-	return handed && len(out) > 0
+	return handed
 }
 
 // take is attemptFenced: SET NEX PX fenced with a.ft, then with FenceKey

@@ -2,6 +2,7 @@ package lock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync/atomic"
@@ -73,7 +74,10 @@ func rwRounds(ctx context.Context, m *lock.RWMutex, rounds int, readers, writers
 			readers.Add(-1)
 			err = m.RUnlock(ctx)
 		}
-		if err != nil {
+		// A release cut off by a kick is reported, and the key expires
+		// within its TTL: what the callers here check is exclusion and
+		// progress, not that.
+		if err != nil && !errors.Is(err, lock.ErrNotReleased) {
 			return err
 		}
 	}

@@ -198,20 +198,38 @@ func (m *RWMutex) acquire(ctx context.Context, op string, write, try bool) (bool
 			continue
 		}
 		held, err := m.gate, error(nil)
+		// A wait for the slots that outlives its connection would be held
+		// off on the next one: it ends with the connection, and the gate
+		// is left as below.
+		wctx, outage, stop := ctx, func() bool { return false }, context.CancelFunc(func() {})
+		if !try {
+			wctx, outage, stop = m.untilOutage(ctx)
+		}
 		if write {
 			// A held-off writer finds the slots free, or leaves the gate
 			// as a held-off reader does: its drain would wait out the
 			// hold-off, and with a connection that keeps failing, for as
 			// long, holding up everyone behind the gate.
 			heldOff := time.Now().Before(off)
-			if err = m.drain(ctx, try || heldOff); heldOff && errors.Is(err, errBusy) {
-				if err := m.leaveGate(ctx, off); err != nil {
+			err = m.drain(wctx, try || heldOff)
+			lost := err != nil && outage()
+			stop()
+			if heldOff && errors.Is(err, errBusy) || lost {
+				if err := m.leaveGate(ctx, m.heldOffUntil(ctx)); err != nil {
 					return false, m.wrap(op, err)
 				}
 				continue
 			}
 		} else {
-			held, err = m.takeSlot(ctx, try)
+			held, err = m.takeSlot(wctx, try)
+			lost := held == nil && outage()
+			stop()
+			if lost && ctx.Err() == nil {
+				if err := m.leaveGate(ctx, m.heldOffUntil(ctx)); err != nil {
+					return false, m.wrap(op, err)
+				}
+				continue
+			}
 		}
 		if err == nil && held != nil {
 			// Is the gate still ours (confirmed after a reconnect)? Then
@@ -255,6 +273,29 @@ func (m *RWMutex) acquire(ctx context.Context, op string, write, try bool) (bool
 		m.cfg.Logger.Debug("rwmutex: gate lost while entering; again", "name", m.cfg.Name, "error", err)
 	}
 }
+
+// untilOutage returns a child of ctx that ends when the client's current
+// connection does, and a func that reports whether it ended so.
+func (m *RWMutex) untilOutage(ctx context.Context) (context.Context, func() bool, context.CancelFunc) {
+	rctx, rcancel := context.WithCancel(ctx)
+	rcancel() // the current connection, without waiting for one
+	cn, err := m.c.Connection(rctx)
+	if err != nil {
+		return ctx, func() bool { return false }, func() {}
+	}
+	wctx, cancel := context.WithCancelCause(ctx)
+	go func() {
+		select {
+		case <-cn.Done():
+			cancel(errOutage)
+		case <-wctx.Done():
+		}
+	}()
+	return wctx, func() bool { return errors.Is(context.Cause(wctx), errOutage) }, func() { cancel(nil) }
+}
+
+// errOutage ends a wait for the slots whose connection ended.
+var errOutage = errors.New("lock: the connection ended")
 
 // leaveGate gives the gate back to the waiters behind it, and waits until
 // off, the end of this client's hold-off, or ctx's end.
