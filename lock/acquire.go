@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 
+	"github.com/dsslock/dsslock/lock/internal/lease"
+	"github.com/dsslock/dsslock/lock/internal/wait"
 	"github.com/dsslock/dsslock/sskv"
 )
 
@@ -39,16 +41,9 @@ func Acquire(ctx context.Context, c *sskv.Client, cfg Config) (*Lock, error) {
 		// racer.attempt): a waiter keeps none while it sleeps.
 		cfg.HolderID = ""
 	}
-	r := racer{c: c, cfg: cfg, log: lockLogger(&cfg)}
-	unknown, err := r.wait(ctx)
+	ls, err := wait.Race(ctx, c, lease.Config(cfg))
 	if err != nil {
-		if unknown {
-			r.l.abandonThenEnd()
-		} else if r.l != nil {
-			r.l.end()
-		}
-		return nil, &opError{name: cfg.Name, err: err}
+		return nil, err
 	}
-	r.l.end()
-	return r.l, nil
+	return lockOf(ls), nil
 }

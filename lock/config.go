@@ -1,13 +1,12 @@
 package lock
 
 import (
-	"crypto/rand"
-	"encoding/hex"
-	"fmt"
 	"log/slog"
 	"strings"
 	"time"
 
+	"github.com/dsslock/dsslock/lock/internal/lease"
+	"github.com/dsslock/dsslock/lock/internal/wait"
 	"github.com/dsslock/dsslock/sskv"
 )
 
@@ -63,29 +62,7 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// nonce is 8 random bytes, written in hex: kept as the bytes, it costs a
-// Lock no allocation of its own.
-type nonce [8]byte
-
-func newNonce() (n nonce) {
-	_, _ = rand.Read(n[:])
-	return n
-}
-
-// randomHex returns n random bytes in hex.
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-func configErr(format string, args ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{ErrConfig}, args...)...)
-}
-
-// defaultHolderID returns a new HolderID for a Lock of the client with id
-// clientID: the id, a slash and 16 random hex digits.
-func defaultHolderID(clientID string) string { return clientID + "/" + randomHex(8) }
+func configErr(format string, args ...any) error { return lease.ConfigErr(format, args...) }
 
 // minDefaultTTL is the shortest TTL whose default RenewInterval and
 // RenewDeadline (a third and two thirds of it, in whole milliseconds) satisfy
@@ -99,7 +76,7 @@ func (cfg Config) withDefaults(clientID string) (Config, error) {
 		return cfg, configErr("empty Name")
 	}
 	if cfg.HolderID == "" {
-		cfg.HolderID = defaultHolderID(clientID)
+		cfg.HolderID = lease.DefaultHolderID(clientID)
 	}
 	if strings.ContainsAny(cfg.HolderID, "\n") {
 		return cfg, configErr("HolderID %q contains a newline", cfg.HolderID)
@@ -154,22 +131,9 @@ var discardLogger = slog.New(slog.DiscardHandler)
 // keys of its queue (name, inboxInfix, a HolderID). A notification's topic
 // carries the key in hex (see sskv.Client.MaxWatchKey).
 func checkWatchable(c *sskv.Client, name, holderID string) error {
-	if n, max := len(name)+len(inboxInfix)+len(holderID), c.MaxWatchKey(); n > max {
+	if n, max := len(name)+len(wait.InboxInfix)+len(holderID), c.MaxWatchKey(); n > max {
 		return configErr("Name (%d bytes) and HolderID (%d bytes) too long: the lock watches keys of %d bytes, and this client can watch keys of at most %d (%w)",
 			len(name), len(holderID), n, max, sskv.ErrKeyTooLong)
 	}
 	return nil
-}
-
-// lockLogger returns cfg's Logger with the lock's name and holder id (if
-// any yet), or the Logger itself when it discards everything: a Lock's
-// logger then costs nothing.
-func lockLogger(cfg *Config) *slog.Logger {
-	switch {
-	case cfg.Logger.Handler() == slog.DiscardHandler:
-		return cfg.Logger
-	case cfg.HolderID == "":
-		return cfg.Logger.With("lock", cfg.Name)
-	}
-	return cfg.Logger.With("lock", cfg.Name, "holder", cfg.HolderID)
 }

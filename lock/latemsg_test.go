@@ -16,7 +16,7 @@ import (
 // expired, while that Lock takes the key by itself (TryLock), must not make
 // it delete the key between the two SETs of its own acquisition.
 //
-// handOn (queue.go) frees a reservation for a Lock that no longer waits
+// handOn (package wait) frees a reservation for a Lock that no longer waits
 // with a VDEL of the Lock's acquisition record fenced with the
 // reservation's version, in the background. It now does so with the
 // Lock's turn, after the TryLock below; before, it did not, and so: the

@@ -1,18 +1,16 @@
 package lock
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/lock/internal/lease"
+	"github.com/dsslock/dsslock/lock/internal/wait"
 	"github.com/dsslock/dsslock/sskv"
 )
 
@@ -23,46 +21,8 @@ import (
 // be acquired again after a release or a loss; its methods are safe for
 // concurrent use.
 type Lock struct {
-	c   *sskv.Client
-	cfg Config
-	log *slog.Logger
-
-	// calls runs OnRenewal off the renewer; made at the first renewal
-	// that reports to it (see callbacks).
-	calls atomic.Pointer[callbacks]
-	nonce nonce // makes the record of an acquisition under way this Lock's own
-	// undo lists the deletes that give the key back after an acquisition
-	// whose outcome is unknown. Guarded by the turn.
-	undo []undoDel
-	// watch is the watch of a wait under way, if any (w is nil if none).
-	// Guarded by the turn.
-	watch waitWatch
-	// q is the Lock's view of the lock's queue while it waits, holds or has
-	// just held the lock (see queue.go); nil otherwise. Guarded by the turn.
-	q *queue
-
-	mu  sync.Mutex
-	cur *holding // the latest holding; never nil (see notHeld)
-	val []byte   // the value published (FenceKey)
-	// bound are the contexts of the TryLock and Lock calls in progress,
-	// which Close ends (with cause ErrClosed): a wait in progress holds
-	// the turn Close needs. A list rather than a context of the Lock's
-	// that theirs would hang on: that costs every waiting Lock a few
-	// hundred bytes more.
-	bound   []boundCall
-	closing bool // Close has started
-	closed  bool
-	// busy: an acquisition or release runs (it has the turn: see begin).
-	// Those waiting for the turn wait for turnFree, made only then: a
-	// Lock's calls seldom overlap.
-	busy     bool
-	turnFree chan struct{}
-}
-
-// undoDel is a VDEL that gives the key back if it still holds rec.
-type undoDel struct {
-	rec []byte
-	ft  hlc.Timestamp
+	ls *lease.Lease // the lease core: acquisitions, holdings, releases
+	w  wait.Waiter  // the wait policy: racing, or the queue
 }
 
 // New returns a Lock on cfg.Name that acquires it through c; it sends
@@ -78,30 +38,31 @@ func New(c *sskv.Client, cfg Config) (*Lock, error) {
 	if err := checkWatchable(c, cfg.Name, cfg.HolderID); err != nil {
 		return nil, err
 	}
-	return newLock(c, cfg, lockLogger(&cfg)), nil
+	return newLock(c, cfg, lease.Logger((*lease.Config)(&cfg))), nil
 }
 
 // newLock returns a Lock of cfg, valid and with defaults filled in, that
 // logs to log.
 func newLock(c *sskv.Client, cfg Config, log *slog.Logger) *Lock {
-	return &Lock{
-		c:     c,
-		cfg:   cfg,
-		log:   log,
-		val:   bytes.Clone(cfg.Value),
-		nonce: newNonce(),
-		cur:   notHeld,
-	}
+	return lockOf(lease.New(c, lease.Config(cfg), log))
+}
+
+// lockOf returns the Lock whose lease core is ls.
+func lockOf(ls *lease.Lease) *Lock {
+	return &Lock{ls: ls, w: wait.New(ls)}
 }
 
 // Name returns the key of the lock.
-func (l *Lock) Name() string { return l.cfg.Name }
+func (l *Lock) Name() string { return l.ls.Config().Name }
 
 // HolderID returns the id this Lock writes to the key while it holds it.
-func (l *Lock) HolderID() string { return l.cfg.HolderID }
+func (l *Lock) HolderID() string { return l.ls.Config().HolderID }
 
 // Config returns the Lock's configuration, with defaults filled in.
-func (l *Lock) Config() Config { return l.cfg }
+func (l *Lock) Config() Config { return Config(*l.ls.Config()) }
+
+// wrap adds the lock's name, and the operation op if not empty, to err.
+func (l *Lock) wrap(op string, err error) error { return lease.Wrap(l.ls.Config().Name, op, err) }
 
 // TryLock makes one attempt to acquire the lock (SET NEX PX) and reports
 // whether it did; someone else holding it is not an error. Within a TTL of
@@ -119,45 +80,63 @@ func (l *Lock) TryLock(ctx context.Context) (bool, error) {
 	// Held (or held off): by a holder that releases it, or by something
 	// that never will? The read is advice: a lost answer must not hold
 	// TryLock up longer than an acquisition's (RenewDeadline).
-	rctx, cancel := context.WithTimeout(ctx, l.cfg.RenewDeadline)
+	rctx, cancel := context.WithTimeout(ctx, l.ls.Config().RenewDeadline)
 	defer cancel()
-	if err := checkKey(rctx, l.c, &l.cfg); errors.Is(err, ErrNotALock) {
+	if err := wait.CheckKey(rctx, l.ls.Client(), l.ls.Config()); errors.Is(err, ErrNotALock) {
 		return false, l.wrap("", err)
 	} else if err != nil {
-		l.log.Debug("could not read the key held", "error", err)
+		l.ls.Log().Debug("could not read the key held", "error", err)
 	}
 	return false, nil
 }
 
 // tryLock is TryLock without its read of a key found held.
 func (l *Lock) tryLock(ctx context.Context) (bool, error) {
-	ctx = l.bind(ctx)
-	defer l.unbind(ctx)
-	if err := l.begin(ctx); err != nil {
+	ctx = l.ls.Bind(ctx)
+	defer l.ls.Unbind(ctx)
+	if err := l.ls.Begin(ctx); err != nil {
 		return false, err
 	}
-	cn, err := l.c.Connection(ctx)
+	cn, err := l.ls.Client().Connection(ctx)
 	if err != nil {
-		l.end()
-		return false, l.wrap("", l.closedErr(ctx, err))
+		l.ls.End()
+		return false, l.wrap("", l.ls.ClosedErr(ctx, err))
 	}
-	if time.Now().Before(l.holdOff(cn)) {
+	if time.Now().Before(l.ls.HoldOff(cn)) {
 		// Within a TTL of a reconnect: the key may be held unseen.
-		l.end()
+		l.ls.End()
 		return false, nil
 	}
-	ok, err := l.attempt(ctx, cn)
+	ok, err := l.ls.Attempt(ctx, cn)
 	switch {
-	case errors.Is(err, errAnsweredLate):
-		l.abandonThenEnd()
+	case errors.Is(err, lease.ErrAnsweredLate):
+		l.ls.AbandonThenEnd()
 		return false, nil
 	case err != nil:
-		l.abandonThenEnd()
-		return false, l.wrap("", l.closedErr(ctx, err))
+		l.ls.AbandonThenEnd()
+		return false, l.wrap("", l.ls.ClosedErr(ctx, err))
 	}
-	l.end()
+	l.ls.End()
 	return ok, nil
 }
+
+// tryLockWatching is tryLock with ww, a watch of the key, for a FenceKey
+// holding's guard to go on with; taken reports that the holding took it
+// over. It is how a Semaphore's slot is taken with the slot's watch.
+func (l *Lock) tryLockWatching(ctx context.Context, ww lease.KeyWatch) (ok, taken bool, err error) {
+	l.ls.Watch = ww
+	ok, err = l.tryLock(ctx)
+	taken = l.ls.Watch.W == nil
+	l.ls.Watch = lease.KeyWatch{}
+	return ok, taken, err
+}
+
+// held reports whether the Lock holds its key now.
+func (l *Lock) held() bool { return l.ls.Held() }
+
+// capHold ends the current holding as lost (ErrMaxHold) after d, unless it
+// ends before: an RWMutex writer's cap.
+func (l *Lock) capHold(d time.Duration) { l.ls.Cap(d) }
 
 // Lock acquires the lock, waiting on notifications as long as ctx allows
 // while someone else holds it (see the package documentation for the
@@ -172,144 +151,21 @@ func (l *Lock) tryLock(ctx context.Context) (bool, error) {
 //     is more than a minute ahead of the store's): it would be refused again;
 //   - [ErrNotALock]: the key will never be released to this Lock.
 func (l *Lock) Lock(ctx context.Context) error {
-	ctx = l.bind(ctx)
-	defer l.unbind(ctx)
-	if err := l.begin(ctx); err != nil {
+	ctx = l.ls.Bind(ctx)
+	defer l.ls.Unbind(ctx)
+	if err := l.ls.Begin(ctx); err != nil {
 		return err
 	}
-	wait := l.waitQueued
-	if l.cfg.Race {
-		wait = l.wait
-	}
-	if unknown, err := wait(ctx); err != nil {
+	if unknown, err := l.w.Wait(ctx); err != nil {
 		if unknown {
-			l.abandonThenEnd()
+			l.ls.AbandonThenEnd()
 		} else {
-			l.end()
+			l.ls.End()
 		}
-		return l.wrap("", l.closedErr(ctx, err))
+		return l.wrap("", l.ls.ClosedErr(ctx, err))
 	}
-	l.end()
+	l.ls.End()
 	return nil
-}
-
-// boundCall is a call's context that Close ends, and what ends it.
-type boundCall struct {
-	ctx    context.Context
-	cancel context.CancelCauseFunc
-	parent context.Context    // the caller's context, which ctx was made of
-	sub    context.CancelFunc // ends the context until made of parent, while it is in use
-	box    *waitBox           // a racing wait's, which sleeps on parent and box, not on ctx (see sleepOn)
-}
-
-// bind returns ctx, also ended by Close (with cause ErrClosed); unbind
-// releases it.
-func (l *Lock) bind(ctx context.Context) context.Context {
-	bctx, cancel := context.WithCancelCause(ctx)
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closing {
-		cancel(ErrClosed)
-	} else {
-		l.bound = append(l.bound, boundCall{ctx: bctx, cancel: cancel, parent: ctx})
-	}
-	return bctx
-}
-
-// until returns a context of the call whose context (from bind) is ctx,
-// ended also at deadline, and the function that releases it. It is made
-// of the caller's context rather than of ctx, and Close ends it after ctx:
-// a child of ctx would leave ctx the map of its children (a few hundred
-// bytes) for as long as the call lasts, a waiter's as long as it sleeps.
-// For a context bind did not return, or while the call has another in
-// use, it is a child of ctx.
-func (l *Lock) until(ctx context.Context, deadline time.Time) (context.Context, context.CancelFunc) {
-	l.mu.Lock()
-	i := slices.IndexFunc(l.bound, func(b boundCall) bool { return b.ctx == ctx })
-	if i < 0 || l.bound[i].sub != nil {
-		l.mu.Unlock()
-		return context.WithDeadline(ctx, deadline)
-	}
-	sctx, cancel := context.WithDeadline(l.bound[i].parent, deadline)
-	l.bound[i].sub = cancel
-	l.mu.Unlock()
-	if ctx.Err() != nil { // ended before it was in the list: Close, say
-		cancel()
-	}
-	return sctx, func() {
-		cancel()
-		l.mu.Lock()
-		if i := slices.IndexFunc(l.bound, func(b boundCall) bool { return b.ctx == ctx }); i >= 0 {
-			l.bound[i].sub = nil
-		}
-		l.mu.Unlock()
-	}
-}
-
-// unbind releases a context bind returned. The list is let go once it is
-// empty: a Lock that holds, or sits idle, keeps no room for calls.
-func (l *Lock) unbind(ctx context.Context) {
-	l.mu.Lock()
-	var cancel context.CancelCauseFunc
-	if i := slices.IndexFunc(l.bound, func(b boundCall) bool { return b.ctx == ctx }); i >= 0 {
-		cancel = l.bound[i].cancel
-		l.bound = slices.Delete(l.bound, i, i+1)
-		if len(l.bound) == 0 {
-			l.bound = nil
-		}
-	}
-	l.mu.Unlock()
-	if cancel != nil {
-		cancel(nil)
-	}
-}
-
-// endCalls ends the TryLock and Lock calls in progress, and those to come,
-// with cause ErrClosed.
-func (l *Lock) endCalls() {
-	l.mu.Lock()
-	l.closing = true
-	bound := l.bound
-	l.bound = nil
-	l.mu.Unlock()
-	for _, b := range bound {
-		b.cancel(ErrClosed)
-	}
-	// After the calls' own contexts: a call that finds its context from
-	// until ended, or is woken, sees its own ended too.
-	for _, b := range bound {
-		if b.sub != nil {
-			b.sub()
-		}
-		if b.box != nil {
-			b.box.poke()
-		}
-	}
-}
-
-// sleepOn returns what a racing wait whose context (from bind) is ctx
-// sleeps on besides box: the caller's context, which ends ctx, and not ctx
-// itself. A context's Done channel is made when first asked for, and ctx's
-// would cost each sleeping waiter one; Close wakes the wait through box
-// instead, after it has ended ctx. For a context bind did not return, it
-// is ctx.
-func (l *Lock) sleepOn(ctx context.Context, box *waitBox) context.Context {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	i := slices.IndexFunc(l.bound, func(b boundCall) bool { return b.ctx == ctx })
-	if i < 0 {
-		return ctx
-	}
-	l.bound[i].box = box
-	return l.bound[i].parent
-}
-
-// closedErr is ErrClosed in place of err when Close ended ctx.
-func (l *Lock) closedErr(ctx context.Context, err error) error {
-	if errors.Is(context.Cause(ctx), ErrClosed) && !errors.Is(err, ErrClosed) {
-		return fmt.Errorf("%w (%w)", ErrClosed, err)
-	}
-	return err
 }
 
 // Unlock ends the holding (Err is ErrReleased) and deletes the key if it
@@ -320,30 +176,11 @@ func (l *Lock) closedErr(ctx context.Context, err error) error {
 // key left behind expires within its TTL. With ctx done already, it still
 // tries, for at most a second (the TTL if shorter) of its own.
 func (l *Lock) Unlock(ctx context.Context) error {
-	if err := l.begin(ctx); err != nil {
+	if err := l.ls.Begin(ctx); err != nil {
 		return err
 	}
-	defer l.end()
-	return l.release(ctx, "")
-}
-
-// handoverTag is the token part of the reservation [Lock.UnlockTo] writes,
-// an acquisition record (see ParseHolder): nobody holds the lock while it
-// is in the key.
-const handoverTag = "~handover"
-
-// reservation returns the record by which UnlockTo reserves the key for
-// holderID.
-func reservation(holderID string) []byte {
-	return []byte(holderID + "\n" + handoverTag + "\n")
-}
-
-// isReservation reports whether value is reservation(holderID), without
-// making it: a waiter checks each notification of the key.
-func isReservation(value []byte, holderID string) bool {
-	n := len(holderID)
-	return len(value) == n+len(handoverTag)+2 && string(value[:n]) == holderID && value[n] == '\n' &&
-		string(value[n+1:len(value)-1]) == handoverTag && value[len(value)-1] == '\n'
+	defer l.ls.End()
+	return l.w.Release(ctx, "")
 }
 
 // UnlockTo ends the holding (Err is ErrReleased), as Unlock does, and hands
@@ -362,73 +199,64 @@ func isReservation(value []byte, holderID string) bool {
 // holding ended. Other errors are Unlock's.
 func (l *Lock) UnlockTo(ctx context.Context, holderID string) error {
 	switch {
-	case !l.cfg.FenceKey || !l.cfg.Race:
+	case !l.ls.Config().FenceKey || !l.ls.Config().Race:
 		return l.wrap("unlock to", configErr("UnlockTo needs Config.FenceKey and Config.Race"))
 	case holderID == "" || strings.ContainsAny(holderID, "\n"):
 		return l.wrap("unlock to", configErr(fmt.Sprintf("invalid holder id %q", holderID)))
 	}
-	if err := l.begin(ctx); err != nil {
+	if err := l.ls.Begin(ctx); err != nil {
 		return err
 	}
-	defer l.end()
-	return l.release(ctx, holderID)
+	defer l.ls.End()
+	return l.w.Release(ctx, holderID)
 }
 
 // Close releases the lock if held (as Unlock) and ends a Lock or TryLock in
 // progress; later calls fail with [ErrClosed]. It is idempotent.
 func (l *Lock) Close(ctx context.Context) error {
-	l.endCalls()
-	if err := l.begin(ctx); err != nil {
+	l.ls.EndCalls()
+	if err := l.ls.Begin(ctx); err != nil {
 		if errors.Is(err, ErrClosed) {
 			return nil
 		}
 		return err
 	}
-	defer l.end()
+	defer l.ls.End()
 	var err error
-	if h := l.holding(); h.live() {
-		err = l.release(ctx, "")
+	if l.ls.Held() {
+		err = l.w.Release(ctx, "")
 	}
-	if l.q != nil {
-		l.q.leave()
-		l.q.close()
-		l.q = nil
-		if l.cfg.FenceKey {
-			l.dropReservation(ctx)
-		}
-	}
-	l.mu.Lock()
-	l.closed = true
-	l.mu.Unlock()
+	l.w.Close(ctx)
+	l.ls.MarkClosed()
 	return err
 }
 
 // Done returns a channel that is closed when the current holding ends: the
 // lock was lost or released. Before the first acquisition it is closed.
-func (l *Lock) Done() <-chan struct{} { return l.holding().ctx.Done() }
+func (l *Lock) Done() <-chan struct{} { return l.ls.Done() }
 
 // Context returns a context that is cancelled when the current holding ends;
 // context.Cause of it is Err. Give it to the work the lock guards.
-func (l *Lock) Context() context.Context { return l.holding().ctx }
+func (l *Lock) Context() context.Context { return l.ls.Context() }
 
 // Err returns nil while the lock is held, and otherwise why the current
 // holding ended: an error wrapping ErrLost and its reason, ErrReleased, or
 // ErrNotHeld before the first acquisition.
-func (l *Lock) Err() error { return l.holding().err() }
+func (l *Lock) Err() error { return l.ls.Err() }
 
 // Token returns the fencing token of the current holding (zero before the
 // first), still readable after it ended; use FencingToken for writes.
-func (l *Lock) Token() hlc.Timestamp { return l.holding().token }
+func (l *Lock) Token() hlc.Timestamp { return l.ls.Token() }
 
 // FencingToken returns the token to fence a write with, or an error if the
 // lock is not held now, checking the renew deadline itself: a process
 // paused past it learns here, before any write, that the lock is lost.
 func (l *Lock) FencingToken() (hlc.Timestamp, error) {
-	h := l.holding()
-	if err := h.check(); err != nil {
-		return hlc.Timestamp{}, l.wrap("", err)
+	t, err := l.ls.FencingToken()
+	if err != nil {
+		return t, l.wrap("", err)
 	}
-	return h.token, nil
+	return t, nil
 }
 
 // FencingConn is FencingToken with the connection on which the holding
@@ -436,24 +264,18 @@ func (l *Lock) FencingToken() (hlc.Timestamp, error) {
 // with a read, and fails if the holding ended. A write sent after that
 // connection is lost fails with sskv.ErrNotSent.
 func (l *Lock) FencingConn(ctx context.Context) (hlc.Timestamp, *sskv.Conn, error) {
-	h := l.holding()
-	if err := h.check(); err != nil {
-		return hlc.Timestamp{}, nil, l.wrap("", err)
-	}
-	cn, err := h.connection(ctx)
+	t, cn, err := l.ls.FencingConn(ctx)
 	if err != nil {
-		return hlc.Timestamp{}, nil, l.wrap("", err)
+		return t, nil, l.wrap("", err)
 	}
-	return h.token, cn, nil
+	return t, cn, nil
 }
 
 // Fenced tells the Lock that a write fenced with token was refused (err)
 // for a newer token. If token is the current holding's, the holding ends
 // as lost ([ErrFenced]); an earlier holding's changes nothing.
 func (l *Lock) Fenced(token hlc.Timestamp, err error) {
-	if h := l.holding(); h.token == token {
-		h.lose(fmt.Errorf("%w: %w", ErrFenced, err))
-	}
+	l.ls.Fenced(token, err)
 }
 
 // SetValue changes the value this Lock publishes in its key (Config.Value)
@@ -464,29 +286,14 @@ func (l *Lock) Fenced(token hlc.Timestamp, err error) {
 // sskv.ErrTooLarge, with nothing sent and the earlier value kept; anything
 // else leaves the outcome unknown, and the next renewal writes the value.
 func (l *Lock) SetValue(ctx context.Context, value []byte) error {
-	if !l.cfg.FenceKey {
+	if !l.ls.Config().FenceKey {
 		return l.wrap("set value", configErr("SetValue needs Config.FenceKey"))
 	}
-	if err := l.begin(ctx); err != nil {
+	if err := l.ls.Begin(ctx); err != nil {
 		return err
 	}
-	defer l.end()
-	h := l.holding()
-	if err := h.check(); err != nil {
-		return l.wrap("set value", err)
-	}
-	value = bytes.Clone(value)
-	l.mu.Lock()
-	prev := l.val
-	l.val = value
-	l.mu.Unlock()
-	if _, err := h.write(ctx, l.record(h.token, value)); err != nil {
-		if errors.Is(err, sskv.ErrTooLarge) {
-			// Not sent, and write kept the record it had: so does the Lock.
-			l.mu.Lock()
-			l.val = prev
-			l.mu.Unlock()
-		}
+	defer l.ls.End()
+	if err := l.ls.SetValue(ctx, value); err != nil {
 		return l.wrap("set value", err)
 	}
 	return nil
@@ -495,475 +302,9 @@ func (l *Lock) SetValue(ctx context.Context, value []byte) error {
 // Holder reads who holds the lock now (GET). For a moment during a FenceKey
 // acquisition, a late SetValue of an ended holding can show that holding.
 func (l *Lock) Holder(ctx context.Context) (Holder, error) {
-	res, err := l.c.Get(ctx, l.cfg.Name)
+	res, err := l.ls.Client().Get(ctx, l.ls.Config().Name)
 	if err != nil {
 		return Holder{}, l.wrap("holder", err)
 	}
 	return ParseHolder(res.Value, res.Version), nil
 }
-
-// begin takes the Lock's turn for an acquisition or release.
-func (l *Lock) begin(ctx context.Context) error {
-	l.mu.Lock()
-	for {
-		if l.closed { // whatever ctx says
-			l.mu.Unlock()
-			return l.wrap("", ErrClosed)
-		}
-		if !l.busy {
-			l.busy = true
-			l.mu.Unlock()
-			return nil
-		}
-		if l.turnFree == nil {
-			l.turnFree = make(chan struct{})
-		}
-		free := l.turnFree
-		l.mu.Unlock()
-		select {
-		case <-free:
-		case <-ctx.Done():
-			return l.wrap("", l.closedErr(ctx, ctx.Err()))
-		}
-		l.mu.Lock()
-	}
-}
-
-// withTurn runs f with the Lock's turn, so that f is ordered with the
-// Lock's own acquisitions, waiting for the turn as long as ctx allows; f
-// does not run if ctx ends first. On a closed Lock, which acquires nothing
-// more, f runs without the turn.
-//
-// A give-back of a key reserved for this Lock (a VDEL of its acquisition
-// record) must run so: the reservation may have expired by the time the
-// message that made this Lock give it back came (a message can reach the
-// store long after it was sent, if its path froze), and this Lock's own
-// acquisition may have written the same record, unfenced, in the
-// meantime. Between the two SETs of that acquisition, the VDEL would delete
-// the key under it, and another Lock could take the key too.
-func (l *Lock) withTurn(ctx context.Context, f func()) {
-	if err := l.begin(ctx); err != nil {
-		if errors.Is(err, ErrClosed) {
-			f()
-		}
-		return
-	}
-	defer l.end()
-	f()
-}
-
-// end gives the turn back.
-func (l *Lock) end() {
-	l.mu.Lock()
-	l.busy = false
-	if l.turnFree != nil {
-		close(l.turnFree) // those waiting try again
-		l.turnFree = nil
-	}
-	l.mu.Unlock()
-}
-
-// callbacks returns the Lock's runner of callbacks, made at its first use:
-// a Lock that never holds (a candidate that never leads) needs none.
-func (l *Lock) callbacks() *callbacks {
-	if c := l.calls.Load(); c != nil {
-		return c
-	}
-	l.calls.CompareAndSwap(nil, new(callbacks))
-	return l.calls.Load()
-}
-
-func (l *Lock) holding() *holding {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.cur
-}
-
-// attempt sends one acquisition through cn and, when it applies, starts the
-// holding, whose writes go out on cn until a reconnect. It reports whether
-// the Lock holds the key. The caller has the turn.
-//
-// With FenceKey it takes two requests: the SET NEX PX that takes the key,
-// whose version is the token, then a SET fenced with the token that writes
-// it into the key. Until the second is applied, nobody holds the lock: the
-// first does not fence the key, so it cannot exclude a delayed request of
-// an earlier holding.
-func (l *Lock) attempt(ctx context.Context, cn *sskv.Conn) (bool, error) {
-	return l.attemptFenced(ctx, cn, hlc.Timestamp{})
-}
-
-// attemptFenced is attempt with the SET that takes the key fenced with ft
-// (unless zero): the token of the holder that reserved the key for this
-// Lock with FenceKey (see queue.go).
-func (l *Lock) attemptFenced(ctx context.Context, cn *sskv.Conn, ft hlc.Timestamp) (bool, error) {
-	return l.attemptWith(ctx, cn, nil, ft)
-}
-
-// attemptHandedOver is attempt for a FenceKey Lock that found the key
-// reserved for it by [Lock.UnlockTo]: resv is the reservation exactly as
-// it was seen, at version ft. Its first SET (IfEqualOrNotExists, fenced
-// with ft) writes resv again, and so applies only if the key still holds
-// that reservation, or is free; a newer holding's key (a newer fence) or
-// another value refuses it, and the Lock holds nothing.
-func (l *Lock) attemptHandedOver(ctx context.Context, cn *sskv.Conn, resv []byte, ft hlc.Timestamp) (bool, error) {
-	return l.attemptWith(ctx, cn, resv, ft)
-}
-
-// attemptWith is attemptFenced whose first SET writes first in place of
-// the Lock's own acquisition record, unless first is nil.
-func (l *Lock) attemptWith(ctx context.Context, cn *sskv.Conn, first []byte, ft hlc.Timestamp) (bool, error) {
-	if h := l.holding(); h.live() {
-		return false, ErrAlreadyHeld
-	}
-	if err := l.giveBack(ctx); err != nil {
-		return false, err
-	}
-	val := l.value()
-	rec := l.record(hlc.Timestamp{}, val)
-	if first != nil {
-		rec = first
-	}
-	l.undo = []undoDel{{rec: rec}}
-	sent := time.Now()
-	// An answer after the renew deadline could promise nothing (see below),
-	// so waiting longer for it only delays the next attempt: a lost answer
-	// would otherwise hold this Lock for the client's RequestTimeout.
-	actx, cancel := l.until(ctx, sent.Add(l.cfg.RenewDeadline))
-	res, err := cn.Set(actx, l.cfg.Name, rec, sskv.SetOptions{
-		Condition:    sskv.IfEqualOrNotExists,
-		Expiry:       l.cfg.TTL,
-		FencingToken: ft,
-	})
-	// Before cancel, which ends actx whatever the answer was.
-	if err != nil && ctx.Err() == nil && actx.Err() != nil {
-		err = fmt.Errorf("%w: %w", errNoAnswer, err)
-	}
-	cancel()
-	switch {
-	case errors.Is(err, sskv.ErrNotSent):
-		l.undo = nil // not sent, so not executed
-		return false, err
-	case errors.Is(err, sskv.ErrFencingTokenRequired):
-		l.undo = nil
-		return false, nil // a holder with FenceKey has the key
-	case first != nil && errors.Is(err, sskv.ErrFencingTokenLower):
-		l.undo = nil
-		return false, nil // a newer holding fenced the key since the reservation
-	case refused(err):
-		l.undo = nil // the store answered that it did not apply the SET
-		return false, err
-	case err != nil:
-		return false, err
-	case !res.Applied:
-		l.undo = nil
-		return false, nil
-	}
-	token, version := res.Version, res.Version
-	if l.cfg.FenceKey {
-		rec = l.record(token, val)
-		l.undo = append(l.undo, undoDel{rec: rec, ft: token})
-		fctx, cancel := l.until(ctx, sent.Add(l.cfg.RenewDeadline))
-		fres, err := cn.Set(fctx, l.cfg.Name, rec, sskv.SetOptions{
-			Expiry:       l.cfg.TTL,
-			FencingToken: token,
-		})
-		late := err != nil && ctx.Err() == nil && fctx.Err() != nil // before cancel ends fctx
-		cancel()
-		if late {
-			err = errAnsweredLate
-		}
-		if err != nil {
-			return false, err
-		}
-		version = fres.Version
-	}
-	if time.Since(sent) >= l.cfg.RenewDeadline {
-		// The answer came too late to promise anything: the holding would be
-		// lost already. The caller gives the key back (or tries again).
-		l.log.Warn("acquisition answered after the renew deadline", "after", time.Since(sent))
-		return false, errAnsweredLate
-	}
-	l.undo = nil
-	h := newHolding(l, token, rec, sent, cn, version)
-	var ww waitWatch
-	if l.cfg.FenceKey && l.watch.w != nil {
-		ww = l.watch // the guard goes on with the waiter's watch
-		l.watch = waitWatch{}
-	}
-	l.mu.Lock()
-	l.cur = h
-	l.mu.Unlock()
-	l.log.Info("acquired", "token", token)
-	h.start(sent, ww)
-	return true, nil
-}
-
-// giveBack deletes what an earlier attempt with an unknown outcome may have
-// written with FenceKey, before the next attempt: that record is fenced, so
-// the next attempt would find the key held (by itself) until it expired.
-// An unfenced record needs no such care: the next attempt's SET NEX of the
-// same value simply takes it. The caller has the turn.
-func (l *Lock) giveBack(ctx context.Context) error {
-	if !slices.ContainsFunc(l.undo, func(u undoDel) bool { return !u.ft.IsZero() }) {
-		return nil
-	}
-	for len(l.undo) > 0 {
-		u := l.undo[len(l.undo)-1]
-		// A lost answer must not hold up the next attempt for the client's
-		// RequestTimeout: after a TTL, try again (a repeated VDEL is
-		// harmless).
-		vctx, cancel := l.until(ctx, time.Now().Add(l.cfg.TTL))
-		_, err := l.c.VDel(vctx, l.cfg.Name, u.rec, sskv.DelOptions{FencingToken: u.ft})
-		cancel()
-		if err != nil && !errors.Is(err, sskv.ErrFencingTokenRequired) && !errors.Is(err, sskv.ErrFencingTokenLower) {
-			return err
-		}
-		l.undo = l.undo[:len(l.undo)-1]
-	}
-	return nil
-}
-
-func (l *Lock) value() []byte {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.val
-}
-
-// refused reports whether err is the state store's refusal of a request
-// (a *sskv.ServiceError): the request was not applied, and the same request
-// would be refused again, e.g. sskv.ErrTimestampSkew when this client's
-// clock is more than a minute ahead of the store's, or sskv.ErrNotAuthorized.
-// So is the client's refusal to send a request too large for the broker
-// (sskv.ErrTooLarge: a Value too large) or a watch of a key too long.
-//
-// A refusal because of a fencing token (another holder's key) is not one:
-// that holder can go, and a waiter waits for it.
-func refused(err error) bool {
-	if errors.Is(err, sskv.ErrTooLarge) || errors.Is(err, sskv.ErrKeyTooLong) {
-		return true // refused by the client: not sent, and never would be
-	}
-	var se *sskv.ServiceError
-	return errors.As(err, &se) && !errors.Is(err, sskv.ErrFencingTokenLower) && !errors.Is(err, sskv.ErrFencingTokenRequired)
-}
-
-// errNoAnswer: an acquisition got no answer within the renew deadline. Its
-// outcome is unknown.
-var errNoAnswer = errors.New("lock: acquisition not answered within the renew deadline")
-
-// errAnsweredLate: an acquisition applied, but its answer came after the
-// renew deadline, so the Lock does not count it as held.
-var errAnsweredLate = errors.New("lock: acquisition answered after the renew deadline")
-
-// abandonThenEnd deletes the key if it holds this Lock's HolderID, after an
-// acquisition whose outcome is unknown or whose answer came too late, and
-// then ends the caller's turn. It runs in the background, so that the caller
-// returns by its context's deadline; holding the turn until the delete is
-// done keeps it ahead of the Lock's next acquisition, which it would
-// otherwise undo. It is bounded by the TTL, after which the key would be
-// gone anyway.
-func (l *Lock) abandonThenEnd() {
-	undo := l.undo
-	l.undo = nil
-	go func() {
-		defer l.end()
-		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.TTL)
-		defer cancel()
-		// The fenced record first: once it is gone, the unfenced one can be
-		// deleted without a token.
-		for _, u := range slices.Backward(undo) {
-			if _, err := l.c.VDel(ctx, l.cfg.Name, u.rec, sskv.DelOptions{FencingToken: u.ft}); err != nil &&
-				!errors.Is(err, sskv.ErrFencingTokenRequired) && !errors.Is(err, sskv.ErrFencingTokenLower) {
-				l.log.Debug("could not delete the key after an unknown acquisition; it expires after the TTL", "error", err)
-			}
-		}
-	}()
-}
-
-// dropReservation deletes the key if it is reserved for this Lock: a turn
-// with a reservation that reached it too late to be handed on (its queue
-// has ended) would keep the key from the next waiter until it expired.
-// Like a release, it does not wait for a connection (see connNow): without
-// one, the reservation expires after the TTL. The caller has the turn.
-func (l *Lock) dropReservation(ctx context.Context) {
-	conn, ctx, stop, err := l.connNow(ctx)
-	if err != nil {
-		l.log.Debug("not connected; a reservation of the key for this Lock, if any, expires after the TTL", "error", err)
-		return
-	}
-	defer stop()
-	rec := l.acqRecord()
-	res, err := conn.Get(ctx, l.cfg.Name)
-	if err != nil || !res.Found || !bytes.Equal(res.Value, rec) {
-		return
-	}
-	if _, err := conn.VDel(ctx, l.cfg.Name, rec, sskv.DelOptions{FencingToken: res.Version}); err != nil {
-		l.log.Debug("could not free the key reserved for this Lock; it expires after the TTL", "error", err)
-	}
-}
-
-// endedRelease bounds a release asked for with a context already done:
-// past a TTL, there is nothing left to release.
-func endedRelease(ttl time.Duration) time.Duration { return min(ttl, time.Second) }
-
-// release ends the holding and deletes the key if it is still this Lock's.
-// The caller has the turn. With to (UnlockTo), a holding that lasted
-// until now writes a reservation for to in place of the delete.
-func (l *Lock) release(ctx context.Context, to string) (err error) {
-	h := l.holding()
-	if h.sched == nil { // never acquired
-		return l.wrap("unlock", ErrNotHeld)
-	}
-	if ctx.Err() != nil {
-		// The caller's context has ended (a cancelled request, a shutdown
-		// under way): the key would stay for a TTL. Try all the same,
-		// within a short time of its own.
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), endedRelease(l.cfg.TTL))
-		defer cancel()
-	}
-	held := h.finish(ErrReleased) // false: it was lost (or released) before
-	if !held && errors.Is(h.err(), ErrReleased) {
-		return l.wrap("unlock", ErrNotHeld)
-	}
-	var opts sskv.DelOptions
-	if l.cfg.FenceKey {
-		opts.FencingToken = h.token
-	}
-	conn, ctx, stop, err := h.releaseConn(ctx)
-	if err != nil {
-		// Nothing can be deleted: the key expires within its TTL. The queue
-		// still goes to its first waiter, which takes the key once it is
-		// free.
-		if l.q != nil {
-			l.q.handOnKept()
-			l.q.release()
-		}
-		return l.wrap("unlock", err)
-	}
-	defer stop()
-	var first entry
-	handover := false
-	if l.q != nil {
-		first, handover = l.q.handOver()
-		defer l.q.release()
-	}
-	// Only a holding that lasted until now hands over with a reservation:
-	// the key of one that was lost may be another's by now, not yet fenced
-	// by it.
-	if handover && held && l.cfg.FenceKey && !h.hasLate() {
-		// One write hands the key to the longest waiter: the fence makes
-		// sure it replaces only this holding's own record.
-		res, err := conn.Set(ctx, l.cfg.Name, first.rec, sskv.SetOptions{Expiry: l.cfg.TTL, FencingToken: h.token})
-		// The turn goes to the first waiter whatever came of the SET: with
-		// the reservation's token, or without one to take the key once it
-		// is free.
-		var token hlc.Timestamp
-		if err == nil {
-			token = res.Version
-		}
-		l.q.sendTurn(token)
-		switch {
-		case err == nil:
-			l.log.Info("released; handed over", "to", first.id)
-			return nil
-		case errors.Is(err, sskv.ErrFencingTokenLower):
-			l.log.Info("released; a newer holder has the key")
-			return nil
-		case lost(conn) || errors.Is(err, sskv.ErrNotSent):
-			return l.wrap("unlock", fmt.Errorf("%w; the key is gone or expires within its TTL: %w", ErrNotReleased, err))
-		}
-		return l.wrap("unlock", err)
-	}
-	if to != "" && l.q == nil {
-		if held && !h.hasLate() {
-			return l.handTo(ctx, conn, h, to)
-		}
-		// Lost, or a late write of the holding's may still land: the key may
-		// be another's by now, not yet fenced by it. Deleted as by Unlock.
-		why := h.err()
-		if held {
-			why = errors.New("a write of the holding whose outcome is unknown may still land")
-		}
-		defer func() {
-			if err == nil {
-				err = l.wrap("unlock to", fmt.Errorf("not handed over to %q: %w", to, why))
-			}
-		}()
-	}
-	switch {
-	case handover && watches(first.told):
-		// The turn goes out with the delete, not after its answer: the
-		// first waiter watches the key, and takes it once it has both
-		// (or, if the delete fails, when the key expires).
-		l.q.sendTurn(hlc.Timestamp{})
-	case handover:
-		// After the delete: the first waiter, which does not watch the
-		// key, takes it when its turn comes.
-		defer l.q.sendTurn(hlc.Timestamp{})
-	}
-	// Without a fence there is no write that replaces only this holding's
-	// record: the release deletes it, and the first waiter in the queue
-	// takes it (see queue.go).
-	res, err := conn.VDel(ctx, l.cfg.Name, h.record(), opts)
-	// ErrNotSent: the connection is lost, though the client may not have
-	// marked it so yet (the write failed first).
-	if err != nil && (lost(conn) || errors.Is(err, sskv.ErrNotSent)) {
-		err = fmt.Errorf("%w; the key is gone or expires within its TTL: %w", ErrNotReleased, err)
-	}
-	if errors.Is(err, sskv.ErrFencingTokenLower) {
-		// A newer holding fences the key: it is not this one's any more.
-		l.log.Info("released; a newer holder has the key")
-		return nil
-	}
-	if err != nil {
-		return l.wrap("unlock", err)
-	}
-	l.log.Info("released", "deleted", res.Deleted)
-	return nil
-}
-
-// handTo writes the reservation of the key for to, fenced with the token of
-// h, the holding just released (see UnlockTo), on conn.
-func (l *Lock) handTo(ctx context.Context, conn *sskv.Conn, h *holding, to string) error {
-	_, err := conn.Set(ctx, l.cfg.Name, reservation(to), sskv.SetOptions{Expiry: l.cfg.TTL, FencingToken: h.token})
-	switch {
-	case err == nil:
-		l.log.Info("released; handed over", "to", to)
-		return nil
-	case errors.Is(err, sskv.ErrFencingTokenLower):
-		return l.wrap("unlock to", fmt.Errorf("not handed over to %q: a newer holder has the key: %w", to, err))
-	case lost(conn) || errors.Is(err, sskv.ErrNotSent):
-		return l.wrap("unlock to", fmt.Errorf("%w; the key is gone or expires within its TTL: %w", ErrNotReleased, err))
-	}
-	return l.wrap("unlock to", err)
-}
-
-// wrap adds the lock's name, and the operation op if not empty, to err,
-// saying "lock" once.
-func (l *Lock) wrap(op string, err error) error {
-	return &opError{name: l.cfg.Name, op: op, err: err}
-}
-
-type opError struct {
-	name, op string
-	err      error
-}
-
-func (e *opError) Error() string {
-	op := ""
-	if e.op != "" {
-		op = e.op + ": "
-	}
-	return fmt.Sprintf("lock %q: %s%s", e.name, op, strings.TrimPrefix(e.err.Error(), "lock: "))
-}
-
-func (e *opError) Unwrap() error { return e.err }
-
-// lostError is the error of a lost holding: it wraps ErrLost and the reason.
-type lostError struct{ reason error }
-
-func (e *lostError) Error() string {
-	return "lock: lost: " + strings.TrimPrefix(e.reason.Error(), "lock: ")
-}
-
-func (e *lostError) Unwrap() []error { return []error{ErrLost, e.reason} }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/lock/internal/lease"
 	"github.com/dsslock/dsslock/sskv"
 )
 
@@ -53,7 +54,7 @@ func RWMutexGate(name string) string { return name + "\x00gate" }
 // RWMutexReader returns the key of reader slot i of the RWMutex name.
 func RWMutexReader(name string, i int) string { return name + "\x00r\x00" + strconv.Itoa(i) }
 
-const rwRecordPrefix = "dsslock-rwmutex readers="
+const rwRecordPrefix = lease.RWRecordPrefix
 
 // RWMutex is one participant of a read-write lock on the state store: many
 // readers or one writer, writers first. A writer holds the gate, a queued
@@ -99,7 +100,7 @@ func NewRWMutex(c *sskv.Client, cfg RWMutexConfig) (*RWMutex, error) {
 		return nil, configErr("negative MaxHold %v", cfg.MaxHold)
 	}
 	if cfg.HolderID == "" {
-		cfg.HolderID = defaultHolderID(c.ID())
+		cfg.HolderID = lease.DefaultHolderID(c.ID())
 	}
 	// The gate has no MaxHold of its own: a writer's cap starts after the
 	// drain (capWrite), and a reader holds the gate only to enter.
@@ -183,7 +184,7 @@ func (m *RWMutex) acquire(ctx context.Context, op string, write, try bool) (bool
 		} else if err := m.gate.Lock(ctx); err != nil {
 			return false, m.wrap(op, err)
 		}
-		var off time.Time // its connection's hold-off (Lock.holdOff), if it waits
+		var off time.Time // its connection's hold-off (lease.HoldOff), if it waits
 		if !try {
 			off = m.heldOffUntil(ctx)
 		}
@@ -320,13 +321,11 @@ func (m *RWMutex) capWrite() {
 	if d <= 0 {
 		return
 	}
-	h := m.gate.holding()
-	t := time.AfterFunc(d, func() { h.lose(fmt.Errorf("%w (%v)", ErrMaxHold, d)) })
-	context.AfterFunc(h.ctx, func() { t.Stop() })
+	m.gate.capHold(d)
 }
 
 // heldOffUntil returns when the client's current connection lets a missing
-// slot be taken (Lock.holdOff); zero without a connection.
+// slot be taken (lease.HoldOff); zero without a connection.
 func (m *RWMutex) heldOffUntil(ctx context.Context) time.Time {
 	rctx, cancel := context.WithCancel(ctx)
 	cancel() // the current connection, without waiting for one
@@ -334,7 +333,7 @@ func (m *RWMutex) heldOffUntil(ctx context.Context) time.Time {
 	if err != nil {
 		return time.Time{}
 	}
-	return holdOff(cn, m.cfg.TTL)
+	return lease.HoldOff(cn, m.cfg.TTL)
 }
 
 // takeSlot takes a free reader slot: each once from a random one, then
@@ -349,7 +348,7 @@ func (m *RWMutex) takeSlot(ctx context.Context, try bool) (*Lock, error) {
 		switch {
 		case ok:
 			return l, nil
-		case ctx.Err() != nil || errors.Is(err, ErrNotALock) || refused(err):
+		case ctx.Err() != nil || errors.Is(err, ErrNotALock) || lease.Refused(err):
 			return nil, err
 		}
 	}
@@ -435,10 +434,10 @@ func (m *RWMutex) drain(ctx context.Context, try bool) error {
 // try, after a failure for want of an answer or a connection, until ctx
 // ends: as Lock.Lock retries its requests.
 func (m *RWMutex) checkRecordRetrying(ctx context.Context, try bool) error {
-	return retryRequests(ctx, m.cfg.TTL, m.cfg.Logger.With("name", m.cfg.Name), "rwmutex: could not check the record; retrying",
+	return lease.RetryRequests(ctx, m.cfg.TTL, m.cfg.Logger.With("name", m.cfg.Name), "rwmutex: could not check the record; retrying",
 		func() error { return m.checkRecord(ctx) },
 		func(err error) bool {
-			return try || errors.Is(err, ErrLimitMismatch) || errors.Is(err, sskv.ErrClosed) || refused(err)
+			return try || errors.Is(err, ErrLimitMismatch) || errors.Is(err, sskv.ErrClosed) || lease.Refused(err)
 		})
 }
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/lock/internal/lease"
 	"github.com/dsslock/dsslock/sskv"
 )
 
@@ -38,7 +39,7 @@ type SemaphoreConfig struct {
 }
 
 // slotInfix is put between a semaphore's name and a slot number to make the
-// slot's key, as queue.go makes its extra keys.
+// slot's key, as the queue (package wait) makes its extra keys.
 const slotInfix = "\x00slot\x00"
 
 // gateSuffix is appended to a semaphore's name to make its gate's key (see
@@ -46,7 +47,7 @@ const slotInfix = "\x00slot\x00"
 const gateSuffix = "\x00gate"
 
 // semaphoreRecordPrefix starts the value of a semaphore's record key.
-const semaphoreRecordPrefix = "dsslock-semaphore limit="
+const semaphoreRecordPrefix = lease.SemaphoreRecordPrefix
 
 // maxSemaphoreLimit bounds Limit: an acquisition that finds the slots held
 // has tried each of them, and the gate's holder watches each (see
@@ -140,7 +141,7 @@ func NewSemaphore(c *sskv.Client, cfg SemaphoreConfig) (*Semaphore, error) {
 		RenewInterval: cfg.RenewInterval,
 		RenewDeadline: cfg.RenewDeadline,
 		// A release reserves the gate for the first waiter: nobody takes
-		// it in between (see queue.go), nor sees it free (gateFree).
+		// it in between (see package wait's queue.go), nor sees it free (gateFree).
 		FenceKey: true,
 		Logger:   cfg.Logger,
 	})
@@ -272,7 +273,7 @@ func (s *Semaphore) tryAll(ctx context.Context, n, start int) (bool, error) {
 			if first == nil {
 				first = err
 			}
-			if ctx.Err() != nil || refused(err) || errors.Is(err, ErrClosed) {
+			if ctx.Err() != nil || lease.Refused(err) || errors.Is(err, ErrClosed) {
 				break
 			}
 		}
@@ -284,7 +285,7 @@ func (s *Semaphore) tryAll(ctx context.Context, n, start int) (bool, error) {
 // agrees with its limit, makes sure the slots' Locks exist and that none
 // is held. It returns the limit. The caller has the turn.
 func (s *Semaphore) prepare(ctx context.Context) (int, error) {
-	if cur := s.current(); cur != nil && cur.holding().live() {
+	if cur := s.current(); cur != nil && cur.held() {
 		return 0, s.wrap("", ErrAlreadyHeld)
 	}
 	n, err := s.readLimit(ctx)
@@ -316,14 +317,14 @@ func (s *Semaphore) prepare(ctx context.Context) (int, error) {
 // ctx ends, as Lock.Lock retries its requests.
 func (s *Semaphore) prepareWaiting(ctx context.Context) (int, error) {
 	var n int
-	err := retryRequests(ctx, s.cfg.TTL, s.log, "could not read the semaphore's record; retrying",
+	err := lease.RetryRequests(ctx, s.cfg.TTL, s.log, "could not read the semaphore's record; retrying",
 		func() (err error) {
 			n, err = s.prepare(ctx)
 			return err
 		},
 		func(err error) bool {
 			return errors.Is(err, ErrAlreadyHeld) || errors.Is(err, ErrLimitMismatch) ||
-				errors.Is(err, ErrNoLimit) || errors.Is(err, sskv.ErrClosed) || refused(err)
+				errors.Is(err, ErrNoLimit) || errors.Is(err, sskv.ErrClosed) || lease.Refused(err)
 		})
 	if err != nil && err == ctx.Err() { // ended while it waited to retry
 		return 0, s.fail(ctx, "", err)
@@ -426,7 +427,7 @@ func (s *Semaphore) Context() context.Context {
 	if l := s.current(); l != nil {
 		return l.Context()
 	}
-	return notHeld.ctx
+	return lease.NotHeldContext()
 }
 
 // Err is [Lock.Err] for the current holding.
@@ -434,7 +435,7 @@ func (s *Semaphore) Err() error {
 	if l := s.current(); l != nil {
 		return l.Err()
 	}
-	return notHeld.err()
+	return ErrNotHeld
 }
 
 // Token is [Lock.Token] for the current (or latest) holding. Tokens of

@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/dsslock/dsslock/internal/storetest"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/dsslock/dsslock/internal/storetest"
 
 	"github.com/dsslock/dsslock/faultproxy"
 	"github.com/dsslock/dsslock/fenced"
@@ -371,7 +372,7 @@ func TestSemaphoreWaitersSendNothingWhileHoldersRenew(t *testing.T) {
 		})
 	}
 	// One waiter holds the gate, and watches the slots; the others wait
-	// for the gate, and watch its key (both of them: see queue.go).
+	// for the gate, and watch its key (both of them: see docs/design/queue.md).
 	gate := -1
 	waitFor(t, "the waiters to wait", func() bool {
 		gate = -1
@@ -623,7 +624,7 @@ func TestSemaphoreServesInOrder(t *testing.T) {
 	// a and b hold both slots; w1 holds the gate, and w2, then w3, queue
 	// on it. (w1 takes the gate from x, which leaves it: a Lock that takes
 	// its key free keeps no queue, and those joining it would race for it
-	// at its release: see queue.go.)
+	// at its release: see docs/design/queue.md.)
 	got(acquire(a), "a")
 	got(acquire(b), "b")
 	xctx, xcancel := context.WithCancel(ctx)

@@ -9,6 +9,8 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/dsslock/dsslock/lock/internal/lease"
+	"github.com/dsslock/dsslock/lock/internal/wait"
 	"github.com/dsslock/dsslock/sskv"
 )
 
@@ -16,7 +18,7 @@ import (
 //
 // The waiters of a semaphore queue on its gate: a Lock of its own, on the
 // key name+gateSuffix, whose waiters are served in the order they came
-// (see queue.go). Only the participant holding the gate looks for a slot:
+// (see package wait's queue.go). Only the participant holding the gate looks for a slot:
 // it watches the slots' keys (the first event of each watch is the key's
 // state), takes a slot it sees free with the slot Lock's TryLock, then
 // leaves the gate (Unlock), which goes to the next waiter. Apache
@@ -40,9 +42,9 @@ import (
 //
 // Nobody takes a slot that someone may still believe they hold: a slot
 // found free is not tried within a TTL of a reconnect (TryLock holds off:
-// see Lock.holdOff), nor within a TTL of a Resync that found it missing
+// see lease.HoldOff), nor within a TTL of a Resync that found it missing
 // after it was seen held (it may have vanished unseen with a store restart
-// while its holder still counts on it), as Lock.wait reasons. A gate
+// while its holder still counts on it), as a racing waiter (package wait) reasons. A gate
 // holder held off after a reconnect while a slot is free leaves the gate
 // to the next waiters, whose connections may have had no outage, and
 // queues again once its hold-off has ended.
@@ -79,7 +81,7 @@ func (s *Semaphore) acquireGated(ctx context.Context, n int) error {
 		}
 		// A slot is free, but this participant's connection came after an
 		// outage, and it may take none until its hold-off ends (see
-		// Lock.holdOff): the next waiters, whose connections may have
+		// lease.HoldOff): the next waiters, whose connections may have
 		// none, are not held up meanwhile. It queues again once its
 		// hold-off has ended.
 		s.log.Debug("held off after a reconnect; leaving the gate to the next waiter", "until", time.Time(ho))
@@ -116,7 +118,7 @@ func (s *Semaphore) leaveGate(ctx context.Context) {
 // stops reports whether err, from an attempt on ctx, ends an acquisition
 // rather than being retried.
 func stops(ctx context.Context, err error) bool {
-	return ctx.Err() != nil || refused(err) || errors.Is(err, ErrClosed) || errors.Is(err, sskv.ErrClosed)
+	return ctx.Err() != nil || lease.Refused(err) || errors.Is(err, ErrClosed) || errors.Is(err, sskv.ErrClosed)
 }
 
 // waitSlot watches slots 0 to n-1 and takes one as soon as it is seen free,
@@ -134,11 +136,11 @@ func (s *Semaphore) waitSlot(ctx context.Context, n int) (int, error) {
 	}
 	defer sw.stop()
 	ttl := s.cfg.TTL
-	retry := newBackoff(max(ttl/100, time.Millisecond), max(ttl/4, time.Millisecond))
+	retry := lease.NewBackoff(max(ttl/100, time.Millisecond), max(ttl/4, time.Millisecond))
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
-	recheck := time.NewTimer(recheckAfter(ttl))
+	recheck := time.NewTimer(wait.RecheckAfter(ttl))
 	defer recheck.Stop()
 	watch := true
 	for {
@@ -167,7 +169,7 @@ func (s *Semaphore) waitSlot(ctx context.Context, n int) (int, error) {
 			if err != nil {
 				return -1, err
 			}
-			off := holdOff(cn, ttl)
+			off := lease.HoldOff(cn, ttl)
 			due, next := sw.due(off)
 			if len(due) == 0 && time.Now().Before(off) && slices.Contains(sw.pending, true) {
 				return -1, heldOff(off)
@@ -183,14 +185,14 @@ func (s *Semaphore) waitSlot(ctx context.Context, n int) (int, error) {
 				case err != nil:
 					// A timeout or a lost connection: try it again soon.
 					s.log.Debug("could not try a free slot; retrying", "slot", j, "error", err)
-					sw.retry(j, time.Now().Add(queueGrace(s.slots[j].cfg.TTL)))
+					sw.retry(j, time.Now().Add(wait.QueueGrace(s.cfg.TTL)))
 					again = true
 				default:
 					// Held: its release or expiry will tell. Or held off
 					// by a reconnect since cn, which tells nothing if the
 					// slot stayed free: look again after the hold-off.
 					if cn2, err := s.c.Connection(ctx); err == nil && cn2 != cn {
-						if off := holdOff(cn2, ttl); time.Now().Before(off) {
+						if off := lease.HoldOff(cn2, ttl); time.Now().Before(off) {
 							sw.retry(j, off)
 							again = true
 						}
@@ -216,7 +218,7 @@ func (s *Semaphore) waitSlot(ctx context.Context, n int) (int, error) {
 			for j := range sw.pending {
 				sw.pending[j] = true
 			}
-			recheck.Reset(recheckAfter(ttl))
+			recheck.Reset(wait.RecheckAfter(ttl))
 		}
 	}
 }
@@ -229,7 +231,7 @@ type slotWatch struct {
 	sig chan struct{} // capacity 1: a watch has news
 
 	ws    []*sskv.Watcher // nil while not watching; ws[j] nil once a holding took it over
-	boxes []*waitBox
+	boxes []*lease.Box
 
 	pending   []bool      // seen free: try it
 	seenHeld  []bool      // seen held, since the wait began
@@ -247,16 +249,16 @@ func (sw *slotWatch) signal() {
 // a holding that takes a slot goes on with its watch.
 func (sw *slotWatch) start(ctx context.Context, s *Semaphore, n int) error {
 	ws := make([]*sskv.Watcher, n)
-	boxes := make([]*waitBox, n)
+	boxes := make([]*lease.Box, n)
 	var g errgroup.Group
 	g.SetLimit(32) // a semaphore may have up to maxSemaphoreLimit slots
 	for j := range n {
-		box := newWaitBox()
+		box := lease.NewBox()
 		boxes[j] = box
 		g.Go(func() error {
 			w, err := s.c.Watch(ctx, SemaphoreSlot(s.cfg.Name, j), sskv.WithCallback(
-				func(ev sskv.Event) { box.event(ev); sw.signal() },
-				func(err error) { box.done(err); sw.signal() }), sskv.Detached())
+				func(ev sskv.Event) { box.Event(ev); sw.signal() },
+				func(err error) { box.Done(err); sw.signal() }), sskv.Detached())
 			ws[j] = w
 			return err
 		})
@@ -289,7 +291,7 @@ func (sw *slotWatch) stop() {
 // it is not tried for a TTL.
 func (sw *slotWatch) collect(ttl time.Duration) (ended bool) {
 	for j, b := range sw.boxes {
-		evs, end, _ := b.take()
+		evs, end, _ := b.Take()
 		ended = ended || end
 		for _, ev := range evs {
 			if ev.Op == sskv.OpSet {
@@ -311,12 +313,10 @@ func (sw *slotWatch) collect(ttl time.Duration) (ended bool) {
 // j's, and start from the latest state this client was told, which may not
 // show the acquisition yet.
 func (sw *slotWatch) try(ctx context.Context, l *Lock, j int) (bool, error) {
-	l.watch = waitWatch{w: sw.ws[j], box: sw.boxes[j]}
-	ok, err := l.tryLock(ctx)
-	if l.watch.w == nil {
-		sw.ws[j] = nil // taken over
+	ok, taken, err := l.tryLockWatching(ctx, lease.KeyWatch{W: sw.ws[j], Box: sw.boxes[j]})
+	if taken {
+		sw.ws[j] = nil
 	}
-	l.watch = waitWatch{}
 	return ok, err
 }
 

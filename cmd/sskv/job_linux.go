@@ -50,7 +50,7 @@ const (
 // sent the last renewal it saw succeed: the store keeps the key until at
 // least r + TTL (it starts the TTL when the renewal arrives; a later
 // renewal that succeeded unseen only moves that on), and the holder decides
-// "lost" at r + RenewDeadline (lock/holding.go). If sskv pauses at
+// "lost" at r + RenewDeadline (lock/internal/lease/holding.go). If sskv pauses at
 // p, its last heartbeat reached the supervisor no later than p, so the
 // supervisor kills the tree by p + timeout. Either
 //   - p < r + RenewDeadline (sskv paused while it still held the lock):

@@ -16,7 +16,7 @@ for p in lock/testdata/queuebugs/*.patch; do
 	tmp=$(mktemp -d)
 	git -C "$root" ls-files -z | (cd "$root" && xargs -0 tar -cf - 2>/dev/null) | tar -C "$tmp" -xf -
 	(cd "$tmp" && patch -s -p1 < "$root/$p")
-	out=$(cd "$tmp" && DSSLOCK_SIM_SEEDS=${SEEDS:-} go test -count=1 -run 'TestQueueSimulation$' ./lock/ 2>&1 || true)
+	out=$(cd "$tmp" && DSSLOCK_SIM_SEEDS=${SEEDS:-} go test -count=1 -run 'TestQueueSimulation$' ./lock/internal/wait/ 2>&1 || true)
 	first=$(grep -m1 -o 'seed [0-9]*[^(]*' <<<"$out" || true)
 	if grep -q '^--- FAIL: TestQueueSimulation' <<<"$out"; then
 		echo "$name: caught: $first"

@@ -1,4 +1,4 @@
-package lock
+package wait
 
 import (
 	"bytes"
@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/lock/internal/lease"
 )
 
 // The wait queue's keys and messages. docs/design/queue.md specifies the
@@ -22,9 +23,9 @@ import (
 const (
 	// queueSuffix is appended to a lock's name to make its roll-call key.
 	queueSuffix = "\x00queue"
-	// inboxInfix is put between a lock's name and a HolderID to make that
+	// InboxInfix is put between a lock's name and a HolderID to make that
 	// Lock's inbox key.
-	inboxInfix = "\x00inbox\x00"
+	InboxInfix = "\x00inbox\x00"
 )
 
 // Inbox messages: a kind byte, then its payload.
@@ -129,7 +130,7 @@ func parseEntries(b []byte) (es []entry, ok bool) {
 		rec := bytes.Clone(b[k : k+int(n)])
 		told := b[k+int(n)]
 		b = b[k+int(n)+1:]
-		es = append(es, entry{id: ParseHolder(rec, hlc.Timestamp{}).ID, rec: rec, told: told})
+		es = append(es, entry{id: lease.ParseHolder(rec, hlc.Timestamp{}).ID, rec: rec, told: told})
 	}
 	return es, true
 }

@@ -1,4 +1,4 @@
-package lock
+package lease
 
 import (
 	"sync"
@@ -7,7 +7,7 @@ import (
 	"github.com/dsslock/dsslock/sskv"
 )
 
-// waitBox is what a racing waiter (Lock.wait) sleeps on: one channel, woken
+// Box is what a racing waiter (package wait) sleeps on: one channel, woken
 // by its watch of the key and by its timers. A waiter so blocks on two
 // channels (the box and its context) whatever it waits for, and its watch
 // is a callback watch, with no channel or goroutine of its own: an election
@@ -17,42 +17,43 @@ import (
 // order. A FenceKey holding that the wait ends in takes the watch over
 // (handoff): the events the waiter had not taken, then those that follow,
 // go to the holding's guard.
-type waitBox struct {
-	wake chan struct{} // capacity 1: a wake-up is pending
+type Box struct {
+	Wake chan struct{} // capacity 1: a wake-up is pending
 
 	mu    sync.Mutex
 	evs   []sskv.Event // events the waiter has not taken; nil when none
 	ended bool         // the watch ended (its done was called)
-	fired timers       // the timers that fired since the waiter last looked
+	fired Timers       // the timers that fired since the waiter last looked
 
 	// to is the holding that has taken the watch over: its events and its
 	// end go to its guard (judge, guardEnded).
 	to *holding
 }
 
-// timers is a set of a waiter's timers.
-type timers uint8
+// Timers is a set of a waiter's Timers.
+type Timers uint8
 
 const (
-	recheckTimer timers = 1 << iota // the safeguard recheck, after recheckAfter
-	delayTimer                      // a retry's or a lost race's delay
-	holdTimer                       // the end of a hold-off
+	RecheckTimer Timers = 1 << iota // the safeguard recheck, after recheckAfter
+	DelayTimer                      // a retry's or a lost race's delay
+	HoldTimer                       // the end of a hold-off
 )
 
-func newWaitBox() *waitBox {
-	return &waitBox{wake: make(chan struct{}, 1)}
+// NewBox returns an empty Box.
+func NewBox() *Box {
+	return &Box{Wake: make(chan struct{}, 1)}
 }
 
-// poke wakes the waiter, unless a wake-up is pending.
-func (b *waitBox) poke() {
+// Poke wakes the waiter, unless a wake-up is pending.
+func (b *Box) Poke() {
 	select {
-	case b.wake <- struct{}{}:
+	case b.Wake <- struct{}{}:
 	default:
 	}
 }
 
-// event is the watch's callback.
-func (b *waitBox) event(ev sskv.Event) {
+// Event is the watch's callback.
+func (b *Box) Event(ev sskv.Event) {
 	b.mu.Lock()
 	if b.to != nil {
 		// Under b.mu, so that it follows the events handoff passed on.
@@ -62,11 +63,11 @@ func (b *waitBox) event(ev sskv.Event) {
 	}
 	b.evs = append(b.evs, ev)
 	b.mu.Unlock()
-	b.poke()
+	b.Poke()
 }
 
-// done is the watch's callback for its end, called after its last event.
-func (b *waitBox) done(err error) {
+// Done is the watch's callback for its end, called after its last event.
+func (b *Box) Done(err error) {
 	b.mu.Lock()
 	if h := b.to; h != nil {
 		b.mu.Unlock()
@@ -75,31 +76,31 @@ func (b *waitBox) done(err error) {
 	}
 	b.ended = true
 	b.mu.Unlock()
-	b.poke()
+	b.Poke()
 }
 
-// fire records that timer t fired, and wakes the waiter. A timer reset
+// Fire records that timer t fired, and wakes the waiter. A timer reset
 // as it fires may wake the waiter once too often: the waiter then checks
 // the lock early, which is harmless.
-func (b *waitBox) fire(t timers) {
+func (b *Box) Fire(t Timers) {
 	b.mu.Lock()
 	b.fired |= t
 	b.mu.Unlock()
-	b.poke()
+	b.Poke()
 }
 
-// arm has timer t fire after d: it resets tm, or makes it if it is nil.
-func (b *waitBox) arm(tm *time.Timer, t timers, d time.Duration) *time.Timer {
+// Arm has timer t fire after d: it resets tm, or makes it if it is nil.
+func (b *Box) Arm(tm *time.Timer, t Timers, d time.Duration) *time.Timer {
 	if tm == nil {
-		return time.AfterFunc(d, func() { b.fire(t) })
+		return time.AfterFunc(d, func() { b.Fire(t) })
 	}
 	tm.Reset(d)
 	return tm
 }
 
-// take returns what happened since the waiter last looked: the watch's
+// Take returns what happened since the waiter last looked: the watch's
 // events, whether it has ended, and the timers that fired.
-func (b *waitBox) take() (evs []sskv.Event, ended bool, fired timers) {
+func (b *Box) Take() (evs []sskv.Event, ended bool, fired Timers) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	evs, ended, fired = b.evs, b.ended, b.fired
@@ -110,8 +111,8 @@ func (b *waitBox) take() (evs []sskv.Event, ended bool, fired timers) {
 // handoff hands the watch over to h's guard, with the events the waiter
 // had not taken, and reports true; or reports false, and changes nothing,
 // if the watch has ended. h.judge is called under b.mu: it ends the watch
-// only in the background (waitWatch.end), which calls done after.
-func (b *waitBox) handoff(h *holding) bool {
+// only in the background (KeyWatch.end), which calls done after.
+func (b *Box) handoff(h *holding) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.ended {

@@ -1,4 +1,4 @@
-package lock
+package wait
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/lock/internal/lease"
 	"github.com/dsslock/dsslock/sskv"
 )
 
@@ -22,8 +23,8 @@ import (
 // failing seed replays exactly. queuesim_run_test.go runs the seeds.
 //
 // What is modelled of a Lock besides qcore: the thin loop of
-// Lock.waitQueued (one action at a time, a retry after a failed request,
-// the grace and recheck timers, the hold-off after a reconnect and the
+// Waiter.queued (one action at a time, a retry after a failed request,
+// the grace and recheck lease.Timers, the hold-off after a reconnect and the
 // reservation read that lifts it), the acquisition (SET NEX PX, and with
 // FenceKey the fenced second SET), the holding (renewals, the renew
 // deadline on its own clock, the confirmation after a reconnect), and the
@@ -226,7 +227,7 @@ func (s *sim) boot(n *simPart) {
 	}
 	// The queue's watches: its inbox and the roll call (their first
 	// events are ignored, as queue.run does).
-	s.st.watch(n.conn, simName+inboxInfix+n.id)
+	s.st.watch(n.conn, simName+InboxInfix+n.id)
 	s.st.watch(n.conn, simName+queueSuffix)
 	s.think(n)
 }
@@ -361,7 +362,7 @@ func (s *sim) deliver(n *simPart, note simNote, gen int) {
 		if note.Op == sskv.OpSet {
 			s.step(n, qevent{kind: evRoll, value: note.Value})
 		}
-	case strings.HasPrefix(note.Key, simName+inboxInfix):
+	case strings.HasPrefix(note.Key, simName+InboxInfix):
 		if note.Op == sskv.OpSet || note.Resync {
 			var v []byte
 			if note.Op == sskv.OpSet {
@@ -428,7 +429,7 @@ func (s *sim) send(n *simPart, q qsend, ordered bool) {
 		if q.msg == nil {
 			return
 		}
-		key := simName + inboxInfix + q.to
+		key := simName + InboxInfix + q.to
 		if q.roll {
 			key = simName + queueSuffix
 		}
@@ -554,7 +555,7 @@ func (s *sim) retry(n *simPart, d time.Duration) {
 	s.on(n, d, func() { s.drive(n) })
 }
 
-// drive runs n's waiter loop (Lock.waitQueued) until it sleeps or waits
+// drive runs n's waiter loop (Waiter.queued) until it sleeps or waits
 // for an answer.
 func (s *sim) drive(n *simPart) {
 	for n.phase == phWaiting && !n.busy && n.leaving == 0 && s.now >= n.retryAt && s.err == nil {
@@ -626,7 +627,7 @@ func (s *sim) join(n *simPart, kind byte, to string) {
 	msg := append([]byte{kind}, s.acqRecord(n)...)
 	n.busy = true
 	s.request(n, func() error {
-		_, _, err := s.st.set(simName+inboxInfix+to, msg, simSet{TTL: 10 * simTTL})
+		_, _, err := s.st.set(simName+InboxInfix+to, msg, simSet{TTL: 10 * simTTL})
 		return err
 	}, func(err error) {
 		n.busy = false
@@ -795,7 +796,7 @@ func (s *sim) joining(msg []byte) {
 	if len(msg) == 0 || msg[0] != msgJoin && msg[0] != msgRejoin {
 		return
 	}
-	id := ParseHolder(msg[1:], hlc.Timestamp{}).ID
+	id := lease.ParseHolder(msg[1:], hlc.Timestamp{}).ID
 	for _, n := range s.nodes {
 		if n.id == id && n.joinAt < 0 && n.phase == phWaiting {
 			n.joinAt = s.now
@@ -993,7 +994,7 @@ func (s *sim) fault() {
 	case r < 8: // crash, and restart later
 		if n.phase != phCrashed && n.phase != phDone {
 			s.logf("%s crashes", n.id)
-			for _, k := range []string{simName, simName + queueSuffix, simName + inboxInfix + n.id} {
+			for _, k := range []string{simName, simName + queueSuffix, simName + InboxInfix + n.id} {
 				s.st.unwatch(n.conn, k)
 			}
 			for s.st.pending(n.conn) > 0 {

@@ -1,4 +1,4 @@
-package lock
+package wait
 
 import (
 	"context"
@@ -7,29 +7,30 @@ import (
 	"time"
 
 	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/lock/internal/lease"
 	"github.com/dsslock/dsslock/sskv"
 )
 
 // queue is a Lock's part in its lock's queue: the I/O around qcore (see
 // queuestep.go and docs/design/queue.md). It watches the Lock's inbox and
 // the roll call, feeds what they tell to qcore.step, and writes what step
-// asks for; Lock.waitQueued runs the waiter's actions (qcore.next).
+// asks for; Waiter.queued runs the waiter's actions (qcore.next).
 type queue struct {
-	l      *Lock
+	l      *lease.Lease
 	ctx    context.Context
 	cancel context.CancelFunc
 	iw, ew *sskv.Watcher // its inbox, and the roll call
 	exited chan struct{}
 	sig    chan struct{} // capacity 1: the state changed
 	wake   chan struct{} // capacity 1: lw changed, for run
-	take   chan chan waitWatch
+	take   chan chan lease.KeyWatch
 
 	mu   sync.Mutex
 	idle *time.Timer // ends the queue after linger, while nothing uses it
 	c    qcore
 	// The watch of the lock's key, while there is one.
 	lw      *sskv.Watcher
-	lbox    *waitBox           // lw's events, which a FenceKey holding's guard takes over
+	lbox    *lease.Box         // lw's events, which a FenceKey holding's guard takes over
 	lcancel context.CancelFunc // ends lw
 	// ordered counts the writes of leaves and turns under way, and drained
 	// is closed when it falls to zero: the next join waits for them, or
@@ -43,38 +44,40 @@ type queue struct {
 // linger is how long a Lock keeps its queue after a release or a wait, so
 // that a Lock that locks again at once need not set it up again, and so
 // that what crosses its handover reaches the next holder.
-func (l *Lock) linger() time.Duration { return l.cfg.TTL }
+func linger(cfg *lease.Config) time.Duration { return cfg.TTL }
 
 // rollGrace is how long a Lock that took the lock without being handed the
 // queue waits for the turn to come before it calls the roll.
-func (l *Lock) rollGrace() time.Duration {
-	return min(max(l.cfg.TTL/5, 50*time.Millisecond), l.cfg.TTL)
+func rollGrace(cfg *lease.Config) time.Duration {
+	return min(max(cfg.TTL/5, 50*time.Millisecond), cfg.TTL)
 }
 
 // msgOptions: messages and the roll call are needed only while someone
 // waits, so they expire (10 TTLs after, at most a day).
-func (l *Lock) msgOptions() sskv.SetOptions {
-	return sskv.SetOptions{Expiry: min(mulSat(l.cfg.TTL, 10), 24*time.Hour)}
+func msgOptions(cfg *lease.Config) sskv.SetOptions {
+	return sskv.SetOptions{Expiry: min(mulSat(cfg.TTL, 10), 24*time.Hour)}
 }
 
-func (l *Lock) inbox(id string) string { return l.cfg.Name + inboxInfix + id }
+// inbox is the key of the inbox of the holder id of the lock cfg.
+func inbox(cfg *lease.Config, id string) string { return cfg.Name + InboxInfix + id }
 
 // engage returns the Lock's queue, setting up its watches if needed. The
 // caller has the turn.
-func (l *Lock) engage(ctx context.Context) (*queue, error) {
-	if q := l.q; q != nil && !q.over() {
+func (w *Waiter) engage(ctx context.Context) (*queue, error) {
+	l := w.l
+	if q := w.q; q != nil && !q.over() {
 		q.hold()
 		return q, nil
 	}
 	qctx, cancel := context.WithCancel(context.Background())
 	stop := context.AfterFunc(ctx, cancel) // until set up
 	defer stop()
-	iw, err := l.c.Watch(qctx, l.inbox(l.cfg.HolderID))
+	iw, err := l.Client().Watch(qctx, inbox(l.Config(), l.Config().HolderID))
 	if err != nil {
 		cancel()
 		return nil, err
 	}
-	ew, err := l.c.Watch(qctx, l.cfg.Name+queueSuffix)
+	ew, err := l.Client().Watch(qctx, l.Config().Name+queueSuffix)
 	if err != nil {
 		cancel()
 		return nil, err
@@ -85,10 +88,10 @@ func (l *Lock) engage(ctx context.Context) (*queue, error) {
 	}
 	q := &queue{l: l, ctx: qctx, cancel: cancel, iw: iw, ew: ew,
 		exited: make(chan struct{}), sig: make(chan struct{}, 1), wake: make(chan struct{}, 1),
-		take: make(chan chan waitWatch),
-		c:    qcore{self: l.cfg.HolderID, ttl: l.cfg.TTL, fenceKey: l.cfg.FenceKey, keepWatch: !l.cfg.FenceKey}}
+		take: make(chan chan lease.KeyWatch),
+		c:    qcore{self: l.Config().HolderID, ttl: l.Config().TTL, fenceKey: l.Config().FenceKey, keepWatch: !l.Config().FenceKey}}
 	go q.run()
-	l.q = q
+	w.q = q
 	return q, nil
 }
 
@@ -116,7 +119,7 @@ func (q *queue) release() {
 	if q.c.ended || q.idle != nil {
 		return
 	}
-	q.idle = time.AfterFunc(q.l.linger(), q.cancel)
+	q.idle = time.AfterFunc(linger(q.l.Config()), q.cancel)
 }
 
 // close ends the queue's watches and waits for its goroutine.
@@ -129,7 +132,7 @@ func (q *queue) close() {
 func (q *queue) step(ev qevent) {
 	var rec []byte
 	if ev.kind == evStart || ev.kind == evLeave {
-		rec = q.l.acqRecord()
+		rec = q.l.AcqRecord()
 	}
 	q.mu.Lock()
 	if rec != nil {
@@ -158,7 +161,7 @@ func (q *queue) run() {
 		q.mu.Unlock()
 		var lwake <-chan struct{}
 		if lw != nil {
-			lwake = lbox.wake
+			lwake = lbox.Wake
 		}
 		select {
 		case ev, ok := <-iev:
@@ -180,7 +183,7 @@ func (q *queue) run() {
 				q.step(qevent{kind: evRoll, value: ev.Value})
 			}
 		case <-lwake:
-			evs, ended, _ := lbox.take()
+			evs, ended, _ := lbox.Take()
 			for _, ev := range evs {
 				if !ev.Initial {
 					q.onLock(lw, qevent{kind: evKey, key: ev})
@@ -193,7 +196,7 @@ func (q *queue) run() {
 		case reply := <-q.take:
 			// Nothing reads lw's events from here on but its taker.
 			q.mu.Lock()
-			kw := waitWatch{w: q.lw, cancel: q.lcancel, box: q.lbox}
+			kw := lease.KeyWatch{W: q.lw, Cancel: q.lcancel, Box: q.lbox}
 			q.lw, q.lcancel, q.lbox = nil, nil, nil
 			q.mu.Unlock()
 			reply <- kw
@@ -258,19 +261,19 @@ func (q *queue) write(out []qsend) {
 // Lock's turn if withTurn, then the message.
 func (q *queue) put(ctx context.Context, s qsend, withTurn bool) {
 	l := q.l
-	ctx, cancel := context.WithTimeout(ctx, l.cfg.TTL)
+	ctx, cancel := context.WithTimeout(ctx, l.Config().TTL)
 	defer cancel()
 	if !s.give.IsZero() {
 		// The key is reserved for this Lock, which no longer waits: it
 		// frees it first, with the turn, since this Lock may be taking the
 		// key itself (see withTurn).
 		give := func() {
-			if _, err := l.c.VDel(ctx, l.cfg.Name, l.acqRecord(), sskv.DelOptions{FencingToken: s.give}); err != nil {
-				l.log.Debug("could not free the key reserved for this Lock; it expires after the TTL", "error", err)
+			if _, err := l.Client().VDel(ctx, l.Config().Name, l.AcqRecord(), sskv.DelOptions{FencingToken: s.give}); err != nil {
+				l.Log().Debug("could not free the key reserved for this Lock; it expires after the TTL", "error", err)
 			}
 		}
 		if withTurn {
-			l.withTurn(ctx, give)
+			l.WithTurn(ctx, give)
 		} else {
 			give()
 		}
@@ -278,19 +281,19 @@ func (q *queue) put(ctx context.Context, s qsend, withTurn bool) {
 	if s.msg == nil {
 		return
 	}
-	key := l.inbox(s.to)
+	key := inbox(l.Config(), s.to)
 	if s.roll {
-		key = l.cfg.Name + queueSuffix
+		key = l.Config().Name + queueSuffix
 	}
 	// A message lost with the connection is written again once it is
 	// back (a duplicate is harmless: queue.md W20), within the TTL.
-	err := retryRequests(ctx, l.cfg.TTL, l.log, "could not tell the queue; again",
-		func() error { _, err := l.c.Set(ctx, key, s.msg, l.msgOptions()); return err },
+	err := lease.RetryRequests(ctx, l.Config().TTL, l.Log(), "could not tell the queue; again",
+		func() error { _, err := l.Client().Set(ctx, key, s.msg, msgOptions(l.Config())); return err },
 		func(err error) bool {
 			return !errors.Is(err, sskv.ErrNotSent) && !errors.Is(err, sskv.ErrConnectionLost) && !errors.Is(err, sskv.ErrNoAnswer)
 		})
 	if err != nil {
-		l.log.Debug("could not tell the queue; its waiters check again later", "to", s.to, "roll", s.roll, "error", err)
+		l.Log().Debug("could not tell the queue; its waiters check again later", "to", s.to, "roll", s.roll, "error", err)
 	}
 }
 
@@ -303,9 +306,9 @@ func (q *queue) watchKey(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, cancel)
 	// A lost answer to the KEYNOTIFY must not keep the waiter from checking
 	// for the client's RequestTimeout.
-	slow := time.AfterFunc(l.cfg.TTL, cancel)
-	box := newWaitBox()
-	w, err := l.c.Watch(wctx, l.cfg.Name, sskv.WithCallback(box.event, box.done))
+	slow := time.AfterFunc(l.Config().TTL, cancel)
+	box := lease.NewBox()
+	w, err := l.Client().Watch(wctx, l.Config().Name, sskv.WithCallback(box.Event, box.Done))
 	slow.Stop()
 	if err == nil && !stop() {
 		w.Stop()
@@ -353,33 +356,33 @@ func (q *queue) unwatchKey() {
 }
 
 // takeKeyWatch takes the watch of the lock's key from the queue, for a
-// FenceKey holding's guard to go on with; the zero waitWatch if there is
+// FenceKey holding's guard to go on with; the zero lease.KeyWatch if there is
 // none. The queue's state still counts it as watching: the events that
 // come meanwhile are read once giveKeyWatch gives it back.
-func (q *queue) takeKeyWatch() waitWatch {
-	reply := make(chan waitWatch)
+func (q *queue) takeKeyWatch() lease.KeyWatch {
+	reply := make(chan lease.KeyWatch)
 	select {
 	case q.take <- reply:
 		return <-reply
 	case <-q.exited:
-		return waitWatch{}
+		return lease.KeyWatch{}
 	}
 }
 
 // giveKeyWatch gives back a watch takeKeyWatch took, when the attempt it
 // was taken for failed.
-func (q *queue) giveKeyWatch(kw waitWatch) {
-	if kw.w == nil {
+func (q *queue) giveKeyWatch(kw lease.KeyWatch) {
+	if kw.W == nil {
 		return
 	}
 	q.mu.Lock()
 	if q.c.ended || q.lw != nil {
 		q.mu.Unlock()
-		kw.w.Stop()
-		kw.cancel()
+		kw.W.Stop()
+		kw.Cancel()
 		return
 	}
-	q.lw, q.lcancel, q.lbox = kw.w, kw.cancel, kw.box
+	q.lw, q.lcancel, q.lbox = kw.W, kw.Cancel, kw.Box
 	q.mu.Unlock()
 	q.poke()
 }
@@ -406,7 +409,7 @@ func (q *queue) leaveWritten(ctx context.Context) error {
 
 // next returns the waiter's next action (qcore.next).
 func (q *queue) next() qaction {
-	rec := q.l.acqRecord()
+	rec := q.l.AcqRecord()
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.c.rec = rec
@@ -468,11 +471,11 @@ func (q *queue) startWait() { q.step(qevent{kind: evStart}) }
 // the roll unless a turn comes within rollGrace.
 func (q *queue) acquired(partial bool, token hlc.Timestamp) {
 	q.step(qevent{kind: evAcquired, partial: partial, token: token})
-	if q.l.cfg.FenceKey {
+	if q.l.Config().FenceKey {
 		q.unwatchKey() // the holding's guard took it over (takeKeyWatch)
 	}
 	if partial {
-		time.AfterFunc(q.l.rollGrace(), func() { q.step(qevent{kind: evRollDue}) })
+		time.AfterFunc(rollGrace(q.l.Config()), func() { q.step(qevent{kind: evRollDue}) })
 	}
 }
 

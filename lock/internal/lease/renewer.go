@@ -1,4 +1,4 @@
-package lock
+package lease
 
 import (
 	"container/heap"
@@ -36,7 +36,7 @@ import (
 // FencingToken), and losing one holding affects no other.
 type renewer struct {
 	c    *sskv.Client
-	wake chan struct{} // capacity 1: the heap changed
+	Wake chan struct{} // capacity 1: the heap changed
 
 	mu      sync.Mutex
 	queue   renewHeap
@@ -59,7 +59,7 @@ type renewerKey struct{}
 // renewerOf returns the renewer of c.
 func renewerOf(c *sskv.Client) *renewer {
 	return clientlocal.Of(c).Get(renewerKey{}, func() any {
-		return &renewer{c: c, wake: make(chan struct{}, 1)}
+		return &renewer{c: c, Wake: make(chan struct{}, 1)}
 	}).(*renewer)
 }
 
@@ -112,7 +112,7 @@ func (r *renewer) poke(h *holding) {
 
 func (r *renewer) kick() {
 	select {
-	case r.wake <- struct{}{}:
+	case r.Wake <- struct{}{}:
 	default:
 	}
 }
@@ -164,7 +164,7 @@ func (r *renewer) run() {
 		timer.Reset(wait)
 		select {
 		case <-timer.C:
-		case <-r.wake:
+		case <-r.Wake:
 			if !timer.Stop() {
 				<-timer.C
 			}
@@ -305,7 +305,7 @@ func (r *renewer) work(h *holding, confirmOnly bool) {
 			// is harmless whether or not this one was applied.
 			l.log.Debug("renewal failed; retrying", "error", err)
 			if h.retry == nil {
-				h.retry = newBackoff(max(iv/20, time.Millisecond), max(iv/4, time.Millisecond))
+				h.retry = NewBackoff(max(iv/20, time.Millisecond), max(iv/4, time.Millisecond))
 			}
 			next = time.Now().Add(h.retry.NextBackOff())
 		}

@@ -1,8 +1,7 @@
-package lock
+package wait
 
 import (
 	"bytes"
-	"errors"
 	"slices"
 	"testing"
 	"time"
@@ -23,7 +22,6 @@ func FuzzQueueMessages(f *testing.F) {
 	f.Add(turnBody(ts, ts, es)[1:])
 	f.Add(appendEntries(nil, es))
 	f.Add(expiredBody(ts, []string{"a", "b"})[1:])
-	f.Add(SemaphoreRecord(3))
 	f.Add([]byte("holder\n001795695934356:00001:statestore\nvalue"))
 	f.Add([]byte(",\n"))
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0x0f})
@@ -50,22 +48,6 @@ func FuzzQueueMessages(f *testing.F) {
 			if !ok || v2 != v || !bytes.Equal(again, rec) {
 				t.Fatalf("relayed leave %q does not read back", b)
 			}
-		}
-		if n, ok := parseSemaphoreRecord(b); ok {
-			if n < 1 || n > maxSemaphoreLimit || !bytes.Equal(SemaphoreRecord(n), b) {
-				t.Fatalf("record %q gives limit %d", b, n)
-			}
-		}
-		_ = ParseHolder(b, ts)
-		// What a FenceKey lock writes is waited for by one, and by no Lock
-		// without FenceKey.
-		for _, fence := range []bool{false, true} {
-			if err := checkRecord(fence, b); err != nil && !errors.Is(err, ErrNotALock) {
-				t.Fatalf("checkRecord(%v, %q) = %v", fence, b, err)
-			}
-		}
-		if _, ok := fenceRecord(b); ok && (checkRecord(true, b) != nil || checkRecord(false, b) == nil) {
-			t.Fatalf("the FenceKey record %q is judged wrong", b)
 		}
 	})
 }

@@ -1,4 +1,4 @@
-package lock
+package wait
 
 import (
 	"bytes"
@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/dsslock/dsslock/hlc"
+	"github.com/dsslock/dsslock/lock/internal/lease"
 	"github.com/dsslock/dsslock/sskv"
 )
 
@@ -13,7 +14,7 @@ import (
 // it: the state of one Lock's part in its lock's queue, and the pure
 // functions that change it. It does no I/O, starts nothing and reads no
 // clock: step applies one event at a given time and returns the messages to
-// send; next returns the waiter's next action. queue.go and Lock.waitQueued
+// send; next returns the waiter's next action. queue.go and Waiter.queued
 // do the I/O; the simulation (queuesim_test.go) drives the same code.
 
 // keeperRole is what a Lock does with the queue it keeps (queue.md 3.1).
@@ -133,7 +134,7 @@ type qsend struct {
 	// msg.
 	give hlc.Timestamp
 	// turn: the give runs with the Lock's turn, ordered with its own
-	// acquisitions (S3, Lock.withTurn): the reservation may have expired,
+	// acquisitions (S3, Lease.WithTurn): the reservation may have expired,
 	// and the Lock be between the two SETs of its own take of the key.
 	turn bool
 }
@@ -324,7 +325,7 @@ func (c *qcore) onInbox(now time.Time, ev qevent) []qsend {
 	var out []qsend
 	switch kind {
 	case msgJoin, msgRejoin:
-		id := ParseHolder(body, hlc.Timestamp{}).ID
+		id := lease.ParseHolder(body, hlc.Timestamp{}).ID
 		if id == "" || id == c.self {
 			return nil
 		}
@@ -350,7 +351,7 @@ func (c *qcore) onInbox(now time.Time, ev qevent) []qsend {
 				return nil
 			}
 		}
-		id := ParseHolder(rec, hlc.Timestamp{}).ID
+		id := lease.ParseHolder(rec, hlc.Timestamp{}).ID
 		if i := slices.IndexFunc(c.entries, func(e entry) bool { return e.id == id }); i >= 0 {
 			if !c.entries[i].ver.After(v) {
 				out = c.remove(i)
@@ -680,7 +681,7 @@ func (c *qcore) onKey(now time.Time, ev sskv.Event) []qsend {
 	k.value, k.version = bytes.Clone(ev.Value), ev.Version
 	if len(c.w.ahead) > 0 {
 		// A waiter ahead took the key: those before it were served.
-		if i := slices.Index(c.w.ahead, ParseHolder(ev.Value, ev.Version).ID); i >= 0 {
+		if i := slices.Index(c.w.ahead, lease.ParseHolder(ev.Value, ev.Version).ID); i >= 0 {
 			if c.w.ahead = c.w.ahead[i+1:]; len(c.w.ahead) == 0 && c.w.role == waitSecond {
 				c.w.role = waitFirst
 			}
@@ -820,9 +821,9 @@ type qaction struct {
 	acked   bool   // D10: it was confirmed
 }
 
-// queueGrace is how long a freed key waits for the turn before a waiter
+// QueueGrace is how long a freed key waits for the turn before a waiter
 // takes it itself (the second waiter: coverGrace).
-func queueGrace(ttl time.Duration) time.Duration {
+func QueueGrace(ttl time.Duration) time.Duration {
 	return min(max(ttl/100, 10*time.Millisecond), 50*time.Millisecond, ttl)
 }
 
@@ -830,7 +831,7 @@ func queueGrace(ttl time.Duration) time.Duration {
 // be gone, lets the turn come: longer than queueGrace, since taking the key
 // while the turn is merely slow would split the queue.
 func coverGrace(ttl time.Duration) time.Duration {
-	return min(max(2*queueGrace(ttl), min(ttl/10, time.Second)), ttl)
+	return min(max(2*QueueGrace(ttl), min(ttl/10, time.Second)), ttl)
 }
 
 // next takes one look and returns the waiter's next action (queue.md 4.3:
@@ -875,7 +876,7 @@ func (c *qcore) next(now time.Time) qaction {
 		case reserved && !turn && !w.graced:
 			// D4: its reservation is in; let the turn, which brings the
 			// queue, come first.
-			return c.arm(queueGrace(c.ttl))
+			return c.arm(QueueGrace(c.ttl))
 		case turn || reserved:
 			// D5: the lock was released to it.
 			w.graced, w.graceArmed = false, false
@@ -894,7 +895,7 @@ func (c *qcore) next(now time.Time) qaction {
 			// D6: the key expired with it first: take it, as partial.
 			return qaction{kind: actAttempt, partial: true, held: heldTold}
 		case (w.role == waitUnconfirmed || w.role == waitOwn) && k.watching && k.value != nil &&
-			ParseHolder(k.value, k.version).ID != w.to:
+			lease.ParseHolder(k.value, k.version).ID != w.to:
 			// D7: not confirmed, and the key went to another: join it.
 			c.joined(now, "", false)
 			continue
@@ -911,10 +912,10 @@ func (c *qcore) next(now time.Time) qaction {
 			// D10: freed, and no turn yet. Unless the key expired, the
 			// turn follows a release: let it come first.
 			acked := w.role == waitFirst || w.role == waitSecond
-			ignored := !acked && now.Sub(w.joinedAt) > queueGrace(c.ttl)
+			ignored := !acked && now.Sub(w.joinedAt) > QueueGrace(c.ttl)
 			takeNow := changed && (ignored || (k.expired && (w.role == waitFirst || !acked)))
 			if !takeNow && !w.graced {
-				g := queueGrace(c.ttl)
+				g := QueueGrace(c.ttl)
 				if w.role == waitSecond {
 					g = coverGrace(c.ttl)
 				}
@@ -940,7 +941,7 @@ func (c *qcore) arm(d time.Duration) qaction {
 // got applies the read of D9: the key's value and version (found false if
 // missing). It returns what to do: attempt, join, or look again.
 func (c *qcore) got(now time.Time, found bool, value []byte, version hlc.Timestamp) qaction {
-	h := ParseHolder(value, version)
+	h := lease.ParseHolder(value, version)
 	switch {
 	case !found:
 		return qaction{kind: actAttempt}

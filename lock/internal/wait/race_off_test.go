@@ -1,5 +1,5 @@
 //go:build !race
 
-package lock
+package wait
 
 const raceEnabled = false

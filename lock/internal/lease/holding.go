@@ -1,4 +1,4 @@
-package lock
+package lease
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 // holding is one acquisition of a Lock, from the SET that took the key to
 // its loss or release. Its context is the Lock's Context while it lasts.
 type holding struct {
-	l      *Lock
+	l      *Lease
 	token  hlc.Timestamp
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -76,7 +76,7 @@ func endedHolding(cause error) *holding {
 // newHolding returns the holding of token, acquired by a SET sent at sent
 // through conn, whose last write left rec in the key at version. The caller
 // starts it.
-func newHolding(l *Lock, token hlc.Timestamp, rec []byte, sent time.Time, conn *sskv.Conn, version hlc.Timestamp) *holding {
+func newHolding(l *Lease, token hlc.Timestamp, rec []byte, sent time.Time, conn *sskv.Conn, version hlc.Timestamp) *holding {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	return &holding{
 		l:          l,
@@ -98,7 +98,7 @@ func newHolding(l *Lock, token hlc.Timestamp, rec []byte, sent time.Time, conn *
 // waiter's watch, unless it is none. The renewer has it first: the guard may
 // judge events at once (those the waiter had not read), and a holding it
 // loses must leave the renewer's schedule.
-func (h *holding) start(sent time.Time, ww waitWatch) {
+func (h *holding) start(sent time.Time, ww KeyWatch) {
 	if h.l.cfg.FenceKey {
 		h.guards.Add(1)
 	}
@@ -442,17 +442,17 @@ func (h *holding) confirm(ctx context.Context) (*sskv.Conn, error) {
 // the key anew, from a goroutine that lasts only until the watch is
 // registered. It marks h.guards done once the watch has ended, after the
 // holding did (or when there is no watch).
-func (h *holding) guard(ww waitWatch) {
+func (h *holding) guard(ww KeyWatch) {
 	l := h.l
-	if ww.w != nil {
-		if !ww.box.handoff(h) {
+	if ww.W != nil {
+		if !ww.Box.handoff(h) {
 			// The waiter's watch has ended: the renewals alone guard the key.
-			ww.end()
+			ww.End()
 			h.guards.Done()
 			return
 		}
 		// The watch ends with the holding.
-		h.keepGuard(ww.ender())
+		h.keepGuard(ww.Ender())
 		return
 	}
 	go func() {
@@ -640,7 +640,7 @@ func (h *holding) releaseConn(ctx context.Context) (*sskv.Conn, context.Context,
 // as it ends (Unlock, Close) do not wait for a store that is away (shut
 // down, or restarted elsewhere, or a test that closed it first): what they
 // would delete expires within its TTL.
-func (l *Lock) connNow(ctx context.Context) (*sskv.Conn, context.Context, func(), error) {
+func (l *Lease) connNow(ctx context.Context) (*sskv.Conn, context.Context, func(), error) {
 	done, cancel := context.WithCancel(ctx)
 	cancel()
 	conn, err := l.c.Connection(done) // the current connection, without waiting
