@@ -97,6 +97,12 @@ func (l *Lock) tryLock(ctx context.Context) (bool, error) {
 	if err := l.ls.Begin(ctx); err != nil {
 		return false, err
 	}
+	if err := ctx.Err(); err != nil {
+		// Close (or the caller) ended the call while it waited for the
+		// turn: the turn and the end came together.
+		l.ls.End()
+		return false, l.wrap("", l.ls.ClosedErr(ctx, err))
+	}
 	cn, err := l.ls.Client().Connection(ctx)
 	if err != nil {
 		l.ls.End()
@@ -155,6 +161,10 @@ func (l *Lock) Lock(ctx context.Context) error {
 	defer l.ls.Unbind(ctx)
 	if err := l.ls.Begin(ctx); err != nil {
 		return err
+	}
+	if err := ctx.Err(); err != nil { // as in tryLock
+		l.ls.End()
+		return l.wrap("", l.ls.ClosedErr(ctx, err))
 	}
 	if unknown, err := l.w.Wait(ctx); err != nil {
 		if unknown {
