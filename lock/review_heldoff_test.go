@@ -122,7 +122,12 @@ func TestReviewRWMutexHeldOffReaderHoldsGate(t *testing.T) {
 // TTL from the reconnect before it takes the slot it only needs to see
 // free: the writer, and everyone queued behind the gate, wait that long.
 func TestReviewRWMutexHeldOffWriterWaitsOutTTL(t *testing.T) {
-	t.Skip("bug (liveness): a draining writer whose client reconnected waits out its hold-off for a slot its reader has released")
+	// Left as it is: the writer could skip its hold-off only by taking its
+	// confirmed gate as proof that the store kept the readers' slots too,
+	// which a store that loses its last writes in a restart (while it kept
+	// the older gate) would break: a reader whose slot vanished still counts
+	// on it until its renew deadline. The hold-off costs a TTL, once.
+	t.Skip("known (liveness): a draining writer whose client reconnected waits out its hold-off for a slot its reader has released")
 	const ttl = 4 * time.Second
 	srv := startStore(t)
 	ctx := testCtx(t)
