@@ -7,6 +7,7 @@ import (
 
 	"github.com/dsslock/dsslock/internal/storetest"
 	"github.com/dsslock/dsslock/lock"
+	"github.com/dsslock/dsslock/sskv"
 	"github.com/dsslock/dsslock/sskv/localstore"
 )
 
@@ -47,7 +48,23 @@ func patientCtx(t *testing.T) context.Context {
 // then fails).
 func TestReviewSemaphoreGateReadWaitsOutLostAnswer(t *testing.T) {
 	srv := startStore(t)
-	c := dial(t, srv.Addr())
+	stopped := make(chan struct{}, 8)
+	c, err := sskv.Dial(testCtx(t), sskv.Config{
+		Addr: srv.Addr(), ClientID: storetest.ID(t),
+		ReconnectMin: 10 * time.Millisecond, ReconnectMax: 100 * time.Millisecond,
+		Metrics: sskv.Metrics{Request: func(verb string, _ time.Duration, _ string) {
+			if verb == "KEYNOTIFY STOP" {
+				select {
+				case stopped <- struct{}{}:
+				default:
+				}
+			}
+		}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
 	s := newSemaphore(t, c, lock.SemaphoreConfig{Name: "s", Limit: 1, TTL: time.Second})
 	ctx := patientCtx(t)
 	if err := s.Acquire(ctx); err != nil {
@@ -56,7 +73,16 @@ func TestReviewSemaphoreGateReadWaitsOutLostAnswer(t *testing.T) {
 	if err := s.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// The record's GET and the gate's GET lose their answers.
+	// The holding's watch of its slot ends in the background: its STOP
+	// must not be one of the requests whose answers are lost (a watch of
+	// the slot then waits for that STOP, up to the RequestTimeout).
+	select {
+	case <-stopped:
+	case <-time.After(waitTimeout):
+		t.Fatal("the slot's watch did not end")
+	}
+	// The record's read (the KEYNOTIFY of its watch, as the participant
+	// acquires again within a TTL) and the gate's GET lose their answers.
 	lifted := dropAnswers(srv, c.ID(), 2)
 	start := time.Now()
 	got := make(chan error, 1)

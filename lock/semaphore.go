@@ -88,6 +88,10 @@ func parseSemaphoreRecord(v []byte) (int, bool) {
 // takes the next slot freed (see Acquire). While the participant holding
 // the gate is paused, the other waiters wait until its lease of the gate
 // ends (TTL), even if slots are freed meanwhile.
+//
+// A participant that acquires again within a TTL of its last holding or
+// wait watches the semaphore's record, rather than read it at each
+// acquisition, until a TTL after it last held or waited, or until Close.
 type Semaphore struct {
 	c    *sskv.Client
 	cfg  SemaphoreConfig
@@ -100,6 +104,13 @@ type Semaphore struct {
 	slots []*Lock // one per slot of the largest limit seen; guarded by the turn
 	// lastActive is when it last released, or waited; guarded by the turn.
 	lastActive time.Time
+	// rec watches the record while the participant is active, and idle
+	// ends it a TTL after the turn was last taken (see recordWatch);
+	// recOff: the service refused the watch, the record is read each
+	// time. Guarded by the turn.
+	rec    *recordWatch
+	idle   *time.Timer
+	recOff bool
 
 	mu     sync.Mutex
 	cur    *Lock // the slot of the latest holding; nil before the first
@@ -199,16 +210,20 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	defer s.end()
-	n, err := s.prepare(ctx)
-	if err != nil {
-		return false, err
+	for {
+		n, told, err := s.prepare(ctx)
+		if err != nil {
+			return false, err
+		}
+		ok, err := s.tryAll(ctx, n, told, rand.N(n))
+		switch {
+		case ok:
+			return true, nil
+		case errors.Is(err, errRecordChanged):
+			continue // the slot taken is released: read the record again
+		}
+		return false, s.fail(ctx, "try acquire", err)
 	}
-	start := rand.N(n)
-	ok, err := s.tryAll(ctx, n, start)
-	if ok {
-		return true, nil
-	}
-	return false, s.fail(ctx, "try acquire", err)
 }
 
 // Acquire takes a slot of the semaphore, waiting as long as ctx allows
@@ -228,14 +243,26 @@ func (s *Semaphore) Acquire(ctx context.Context) error {
 		return err
 	}
 	defer s.end()
-	fresh := s.lastActive.IsZero() || time.Since(s.lastActive) > s.cfg.TTL
+	for {
+		err := s.acquire(ctx)
+		if !errors.Is(err, errRecordChanged) {
+			return err
+		}
+		s.log.Debug("the semaphore's record changed while a slot was taken; released it, and reading the record again")
+	}
+}
+
+// acquire is one pass of Acquire; errRecordChanged: do it again. The caller
+// has the turn.
+func (s *Semaphore) acquire(ctx context.Context) error {
+	fresh := !s.active()
 	var gateFree chan bool
 	if !fresh {
 		// Read the gate while prepare reads the record.
 		gateFree = make(chan bool, 1)
 		go func() { gateFree <- s.gateFree(ctx) }()
 	}
-	n, err := s.prepareWaiting(ctx)
+	n, told, err := s.prepareWaiting(ctx)
 	if err != nil {
 		return err
 	}
@@ -244,29 +271,43 @@ func (s *Semaphore) Acquire(ctx context.Context) error {
 		// once, from a random one. A participant that held or waited
 		// within a TTL, and finds someone at the gate, queues behind them
 		// instead, rather than take a slot its release just freed.
-		ok, err := s.tryAll(ctx, n, rand.N(n))
+		ok, err := s.tryAll(ctx, n, told, rand.N(n))
 		switch {
 		case ok:
 			return nil
+		case errors.Is(err, errRecordChanged):
+			return err
 		case err != nil && stops(ctx, err):
 			return s.fail(ctx, "acquire", err)
 		}
 	}
-	if err := s.acquireGated(ctx, n); err != nil {
+	if err := s.acquireGated(ctx, n, told); err != nil {
+		if errors.Is(err, errRecordChanged) {
+			return err
+		}
 		return s.fail(ctx, "acquire", err)
 	}
 	return nil
 }
 
+// active reports whether the participant released, or waited, within a
+// TTL. The caller has the turn.
+func (s *Semaphore) active() bool {
+	return !s.lastActive.IsZero() && time.Since(s.lastActive) <= s.cfg.TTL
+}
+
 // tryAll tries slots start, start+1, ... (mod n) once each until one is
-// taken. It returns the first error if none was. The caller has the turn.
-func (s *Semaphore) tryAll(ctx context.Context, n, start int) (bool, error) {
+// taken, under the limit n (told: as the record's watch told it, see
+// keep). It returns the first error if none was. The caller has the turn.
+func (s *Semaphore) tryAll(ctx context.Context, n int, told bool, start int) (bool, error) {
 	var first error
 	for k := range n {
 		i := (start + k) % n
 		ok, err := s.slots[i].tryLock(ctx) // TryLock without its read of a held key
 		if ok {
-			s.setHolding(i)
+			if err := s.keep(ctx, i, n, told); err != nil {
+				return false, err
+			}
 			return true, nil
 		}
 		if err != nil {
@@ -283,14 +324,15 @@ func (s *Semaphore) tryAll(ctx context.Context, n, start int) (bool, error) {
 
 // prepare reads (or creates) the record, checks that this participant
 // agrees with its limit, makes sure the slots' Locks exist and that none
-// is held. It returns the limit. The caller has the turn.
-func (s *Semaphore) prepare(ctx context.Context) (int, error) {
+// is held. It returns the limit, and whether the record's watch told it
+// (see keep). The caller has the turn.
+func (s *Semaphore) prepare(ctx context.Context) (int, bool, error) {
 	if cur := s.current(); cur != nil && cur.held() {
-		return 0, s.wrap("", ErrAlreadyHeld)
+		return 0, false, s.wrap("", ErrAlreadyHeld)
 	}
-	n, err := s.readLimit(ctx)
+	n, told, err := s.readLimit(ctx)
 	if err != nil {
-		return 0, s.fail(ctx, "", err)
+		return 0, false, s.fail(ctx, "", err)
 	}
 	for i := len(s.slots); i < n; i++ {
 		l, err := New(s.c, Config{
@@ -305,21 +347,22 @@ func (s *Semaphore) prepare(ctx context.Context) (int, error) {
 			Logger:        s.cfg.Logger,
 		})
 		if err != nil {
-			return 0, err
+			return 0, false, err
 		}
 		s.slots = append(s.slots, l)
 	}
-	return n, nil
+	return n, told, nil
 }
 
 // prepareWaiting is prepare for Acquire: a read of the record that fails
 // for want of an answer or a connection is tried again, with backoff, until
 // ctx ends, as Lock.Lock retries its requests.
-func (s *Semaphore) prepareWaiting(ctx context.Context) (int, error) {
+func (s *Semaphore) prepareWaiting(ctx context.Context) (int, bool, error) {
 	var n int
+	var told bool
 	err := lease.RetryRequests(ctx, s.cfg.TTL, s.log, "could not read the semaphore's record; retrying",
 		func() (err error) {
-			n, err = s.prepare(ctx)
+			n, told, err = s.prepare(ctx)
 			return err
 		},
 		func(err error) bool {
@@ -327,18 +370,33 @@ func (s *Semaphore) prepareWaiting(ctx context.Context) (int, error) {
 				errors.Is(err, ErrNoLimit) || errors.Is(err, sskv.ErrClosed) || lease.Refused(err)
 		})
 	if err != nil && err == ctx.Err() { // ended while it waited to retry
-		return 0, s.fail(ctx, "", err)
+		return 0, false, s.fail(ctx, "", err)
 	}
-	return n, err
+	return n, told, err
 }
 
 // readLimit returns the record's limit, writing the record first if it is
-// missing and Config.Limit is set.
+// missing and Config.Limit is set, and whether the record's watch told it
+// (then nothing was sent). An active participant watches the record (see
+// recordWatch); the others, and one whose watch tells no valid record,
+// read it.
 //
 // Each request waits at most RenewDeadline for its answer, as an
 // acquisition does: a lost answer must not hold the caller up for the
 // client's RequestTimeout.
-func (s *Semaphore) readLimit(ctx context.Context) (int, error) {
+func (s *Semaphore) readLimit(ctx context.Context) (int, bool, error) {
+	if r := s.watchRecord(ctx); r != nil {
+		if n := r.told(); n > 0 {
+			n, err := s.agree(n)
+			return n, true, err
+		}
+	}
+	n, err := s.getLimit(ctx)
+	return n, false, err
+}
+
+// getLimit is readLimit by GET (and SET NX).
+func (s *Semaphore) getLimit(ctx context.Context) (int, error) {
 	for range 3 {
 		rctx, cancel := context.WithTimeout(ctx, s.cfg.RenewDeadline)
 		res, err := s.c.Get(rctx, s.cfg.Name)
@@ -351,13 +409,7 @@ func (s *Semaphore) readLimit(ctx context.Context) (int, error) {
 			if !ok {
 				return 0, s.wrap("read the limit", fmt.Errorf("%w: the key %q holds %q, not a semaphore's record", ErrLimitMismatch, s.cfg.Name, res.Value))
 			}
-			s.mu.Lock()
-			s.limit = n
-			s.mu.Unlock()
-			if s.cfg.Limit != 0 && s.cfg.Limit != n {
-				return 0, s.wrap("", &limitError{want: s.cfg.Limit, record: n})
-			}
-			return n, nil
+			return s.agree(n)
 		}
 		if s.cfg.Limit == 0 {
 			return 0, s.wrap("", ErrNoLimit)
@@ -372,6 +424,146 @@ func (s *Semaphore) readLimit(ctx context.Context) (int, error) {
 		// written another limit first.
 	}
 	return 0, s.wrap("read the limit", errors.New("the record keeps vanishing"))
+}
+
+// agree notes n, the record's limit, and checks that this participant's
+// Limit is the same (or zero).
+func (s *Semaphore) agree(n int) (int, error) {
+	s.mu.Lock()
+	s.limit = n
+	s.mu.Unlock()
+	if s.cfg.Limit != 0 && s.cfg.Limit != n {
+		return 0, s.wrap("", &limitError{want: s.cfg.Limit, record: n})
+	}
+	return n, nil
+}
+
+// errRecordChanged: the record's watch told another record while a slot
+// was taken under the limit it told before; the slot was released (keep).
+var errRecordChanged = errors.New("lock: the semaphore's record changed")
+
+// keep records the holding of slot i, just taken under the limit n. If the
+// record's watch told n (told) and tells another state now (the record
+// changed, or vanished, or the watch ended), the limit may be stale: keep
+// releases the slot and returns errRecordChanged, and the caller reads the
+// record again. The client calls the watch with each notification before
+// it reads further answers, so this sees a change notified before the
+// slot's answer (one made while the participant was paused, say). A change
+// in the moment before the slot was taken can go unseen, as it could
+// between a read of the record and the slot's SET. The caller has the
+// turn.
+func (s *Semaphore) keep(ctx context.Context, i, n int, told bool) error {
+	if told && (s.rec == nil || s.rec.told() != n) {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RenewDeadline/4)
+		defer cancel()
+		if err := s.slots[i].Unlock(uctx); err != nil {
+			s.log.Debug("could not release a slot taken under a stale limit; it expires after the TTL", "slot", i, "error", err)
+		}
+		return errRecordChanged
+	}
+	s.setHolding(i)
+	return nil
+}
+
+// recordWatch is an active participant's watch of the semaphore's record:
+// its limit, as the watch last told it, stands for a read of the record.
+// A participant comes back within a TTL of its last holding or wait when
+// it acquires in a loop: the watch saves it a GET of the record at each
+// acquisition. It starts with such an acquisition, whose read of the
+// record it makes (a KEYNOTIFY and a GET in place of the GET), and ends a
+// TTL after the participant's turn was last taken while it holds nothing
+// (a KEYNOTIFY STOP), or at Close. The record never changes by itself, so
+// the watch is told nothing, and sends nothing, while it lasts, but a
+// change of the record (its deletion to change the limit, or its loss
+// with a store restart, which the client's resync tells) is known at once.
+type recordWatch struct {
+	w *sskv.Watcher // set once Watch has returned; read with the turn
+
+	mu    sync.Mutex
+	limit int  // the record's limit, as told last; 0: missing, not a record, or not told yet
+	ended bool // the watch has ended: it tells nothing any more
+}
+
+// event is the watch's callback.
+func (r *recordWatch) event(ev sskv.Event) {
+	n := 0
+	if ev.Op == sskv.OpSet {
+		n, _ = parseSemaphoreRecord(ev.Value)
+	}
+	r.mu.Lock()
+	r.limit = n
+	r.mu.Unlock()
+}
+
+// end is the watch's done callback.
+func (r *recordWatch) end(error) {
+	r.mu.Lock()
+	r.limit, r.ended = 0, true
+	r.mu.Unlock()
+}
+
+// told returns the record's limit as the watch tells it now: 0 if it tells
+// none.
+func (r *recordWatch) told() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.limit
+}
+
+func (r *recordWatch) isEnded() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ended
+}
+
+// watchRecord returns the watch of the record, started now if the
+// participant is active and has none; nil if it is not, or if the watch
+// could not start. The caller has the turn.
+func (s *Semaphore) watchRecord(ctx context.Context) *recordWatch {
+	if s.rec != nil && !s.rec.isEnded() {
+		return s.rec
+	}
+	s.rec = nil
+	if s.recOff || !s.active() {
+		return nil
+	}
+	r := &recordWatch{}
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.RenewDeadline)
+	defer cancel()
+	w, err := s.c.Watch(rctx, s.cfg.Name, sskv.WithCallback(r.event, r.end), sskv.Detached())
+	if err != nil {
+		s.recOff = lease.Refused(err)
+		s.log.Debug("cannot watch the semaphore's record; reading it", "error", err)
+		return nil
+	}
+	r.w, s.rec = w, r
+	return r
+}
+
+// stopRecordWatch ends the watch of the record, if any. The caller has the
+// turn.
+func (s *Semaphore) stopRecordWatch() {
+	if s.rec != nil {
+		s.rec.w.Stop()
+		s.rec = nil
+	}
+}
+
+// idleEnd is the idle timer's: it ends the watch of the record a TTL after
+// the turn was last taken, unless the participant holds a slot (then it
+// looks again a TTL later) or has the turn (whose end sets the timer again).
+func (s *Semaphore) idleEnd() {
+	select {
+	case s.turn <- struct{}{}:
+	default:
+		return
+	}
+	defer func() { <-s.turn }()
+	if cur := s.current(); cur != nil && cur.held() {
+		s.idle.Reset(s.cfg.TTL)
+		return
+	}
+	s.stopRecordWatch()
 }
 
 // limitError: a participant's Limit differs from the record's.
@@ -409,6 +601,10 @@ func (s *Semaphore) Close(ctx context.Context) error {
 		return err
 	}
 	defer s.end()
+	s.stopRecordWatch()
+	if s.idle != nil {
+		s.idle.Stop()
+	}
 	errs := []error{s.gate.Close(ctx)}
 	for _, l := range s.slots {
 		errs = append(errs, l.Close(ctx))
@@ -537,7 +733,18 @@ func (s *Semaphore) begin(ctx context.Context) error {
 	return nil
 }
 
-func (s *Semaphore) end() { <-s.turn }
+// end gives the turn back, and has the watch of the record, if any, end a
+// TTL after it unless the turn is taken again (see idleEnd).
+func (s *Semaphore) end() {
+	if s.rec != nil {
+		if s.idle == nil {
+			s.idle = time.AfterFunc(s.cfg.TTL, s.idleEnd)
+		} else {
+			s.idle.Reset(s.cfg.TTL)
+		}
+	}
+	<-s.turn
+}
 
 func (s *Semaphore) isClosed() bool {
 	s.mu.Lock()

@@ -90,9 +90,13 @@ func TestSemaphorePausedGateHolder(t *testing.T) {
 
 // An uncontended Acquire and Release: a participant's first costs the
 // record's GET, the two SETs that take a slot (FenceKey) and the VDEL that
-// frees it; one that held within a TTL also reads the gate (nobody waits
-// there), and does not go through it. The slot's holding watches its key
-// besides (a KEYNOTIFY, then its STOP), in the background.
+// frees it. One that held within a TTL reads the gate (nobody waits there)
+// and does not go through it; it watches the record instead of reading it:
+// the first time, the watch's KEYNOTIFY and GET stand for the record's
+// GET, and after that the record costs nothing. The slot's holding
+// watches its key besides (a KEYNOTIFY and the watch's GET, then its
+// STOP), in the background: each round waits for that watch, so that each
+// counts it once.
 func TestSemaphoreUncontendedRequests(t *testing.T) {
 	srv := startStore(t)
 	ctx := testCtx(t)
@@ -109,27 +113,39 @@ func TestSemaphoreUncontendedRequests(t *testing.T) {
 		if err := s.Acquire(ctx); err != nil {
 			t.Fatal(err)
 		}
+		// The holding watches its slot (in the background) before it
+		// ends, so that each round counts that watch's requests, the
+		// STOP included, once.
 		slot := s.Slot()
+		waitFor(t, "the holding to watch its slot", func() bool { return srv.Watching(c.ID(), lock.SemaphoreSlot("s", slot)) })
 		if err := s.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
-		// The holding's watch has ended with Release; its STOP may still
-		// be on its way.
 		waitFor(t, "the slot's watch to end", func() bool { return !srv.Watching(c.ID(), lock.SemaphoreSlot("s", slot)) })
 		return srv.Requests(c.ID()) - before
 	}
 	first := round()
+	if srv.Watching(c.ID(), "s") {
+		t.Error("a participant watches the record after its first acquisition")
+	}
+	second := round()
+	if !srv.Watching(c.ID(), "s") {
+		t.Error("a participant that acquired again within a TTL does not watch the record")
+	}
 	var again []int64
 	for range 5 {
 		again = append(again, round())
 	}
-	t.Logf("requests per Acquire and Release: %d the first time, then %v", first, again)
-	if first > 4+2 {
-		t.Errorf("the first Acquire and Release sent %d requests; want 4, and 2 for the holding's watch", first)
+	t.Logf("requests per Acquire and Release: %d the first time, %d the second, then %v", first, second, again)
+	if first > 4+3 {
+		t.Errorf("the first Acquire and Release sent %d requests; want 4, and 3 for the holding's watch", first)
+	}
+	if second > 6+3 {
+		t.Errorf("the second Acquire and Release sent %d requests; want 6 (the gate's GET, the record's KEYNOTIFY and GET), and 3 for the holding's watch", second)
 	}
 	for _, n := range again {
-		if n > 5+2 {
-			t.Errorf("an Acquire and Release after a holding sent %d requests; want 5, and 2 for the holding's watch", n)
+		if n > 4+3 {
+			t.Errorf("an Acquire and Release with the record watched sent %d requests; want 4 (the gate's GET, no read of the record), and 3 for the holding's watch", n)
 		}
 	}
 	if srv.Watching(c.ID(), "s\x00gate") {

@@ -60,9 +60,9 @@ func (s *Semaphore) gateFree(ctx context.Context) bool {
 }
 
 // acquireGated takes a slot of n through the gate: it queues on the gate,
-// and holding it, takes the first slot it sees free. The caller has the
-// turn.
-func (s *Semaphore) acquireGated(ctx context.Context, n int) error {
+// and holding it, takes the first slot it sees free. told: n is the limit
+// the record's watch told (see keep). The caller has the turn.
+func (s *Semaphore) acquireGated(ctx context.Context, n int, told bool) error {
 	defer func() { s.lastActive = time.Now() }()
 	for {
 		if err := s.gate.Lock(ctx); err != nil {
@@ -76,8 +76,7 @@ func (s *Semaphore) acquireGated(ctx context.Context, n int) error {
 			if err != nil {
 				return err
 			}
-			s.setHolding(j)
-			return nil
+			return s.keep(ctx, j, n, told)
 		}
 		// A slot is free, but this participant's connection came after an
 		// outage, and it may take none until its hold-off ends (see
