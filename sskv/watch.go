@@ -221,6 +221,6 @@ func (w *Watcher) Err() error {
 // called from f or done. When it is the key's last watcher, Stop also ends
 // the registration with the service (KEYNOTIFY STOP, bounded by
 // RequestTimeout; skipped while disconnected, since the service ends
-// watches on disconnect; a callback watcher's goes out in the background).
-// Stop is idempotent.
+// watches on disconnect, and for a watch whose KEYNOTIFY never went out;
+// a callback watcher's goes out in the background). Stop is idempotent.
 func (w *Watcher) Stop() { w.end(nil, true) }

@@ -387,3 +387,34 @@ func TestWatchOptionErrors(t *testing.T) {
 		t.Fatal("a refused watch is registered")
 	}
 }
+
+// TestWatchEndedBeforeSyncSendsNothing: a watch whose context ended before
+// its KEYNOTIFY could go out sends nothing, not even a KEYNOTIFY STOP (a
+// FenceKey holding released at once ends its guard's watch so), and the
+// key can be watched again at once.
+func TestWatchEndedBeforeSyncSendsNothing(t *testing.T) {
+	srv := startStore(t, localstore.Config{})
+	c := dial(t, srv)
+	ctx := testCtx(t)
+	before := srv.Requests(c.ID())
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	if w, err := c.Watch(ended, "k"); !errors.Is(err, context.Canceled) || w != nil {
+		t.Fatalf("Watch with an ended context = %v, %v; want context.Canceled", w, err)
+	}
+	// Its end goes on in the background: once its registration is gone, the
+	// next watch of the key waits for the rest of it (a STOP, if it sent
+	// one), then sends its KEYNOTIFY and GET.
+	eventually(t, "the ended watch's registration to go", func() bool { return !sskv.RegisteredForTest(c, "k") })
+	w, err := c.Watch(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	if ev := nextEvent(t, w); !ev.Initial || ev.Op != sskv.OpDelete {
+		t.Fatalf("first event %+v; want the initial state of a missing key", ev)
+	}
+	if n := srv.Requests(c.ID()) - before; n != 2 {
+		t.Fatalf("%d requests for a watch that ended before its sync and one that started; want 2 (KEYNOTIFY, GET)", n)
+	}
+}

@@ -31,10 +31,13 @@ type registration struct {
 	// notifications update known without being delivered; base is the state
 	// last delivered before it.
 	resyncing bool
-	base      stamp
-	syncGen   uint64        // connection of the latest sync started
-	ready     chan struct{} // closed when the first sync ends (err says how), then nil
-	err       error
+	// notified: a sync of it has started, and may have sent KEYNOTIFY. A
+	// registration that ends without one sends no KEYNOTIFY STOP either.
+	notified bool
+	base     stamp
+	syncGen  uint64        // connection of the latest sync started
+	ready    chan struct{} // closed when the first sync ends (err says how), then nil
+	err      error
 	// syncs counts the syncs in progress, each started while reg was the
 	// key's registration: the KEYNOTIFY STOP that ends reg waits for them,
 	// so that it reaches the store after any KEYNOTIFY they sent.
@@ -183,6 +186,8 @@ func (c *Client) syncReg(ctx context.Context, reg *registration, cn *Conn) error
 		return nil // its last watcher stopped meanwhile: nothing to register
 	}
 	reg.syncs.Add(1)
+	// A request whose context has ended never goes out (exchange).
+	reg.notified = reg.notified || ctx.Err() == nil
 	c.wmu.Unlock()
 	defer reg.syncs.Done()
 	if c.testHookSync != nil {
@@ -507,7 +512,12 @@ func (w *Watcher) end(err error, unregister bool) {
 	}
 	unregisterKey := func() {
 		reg.syncs.Wait() // a KEYNOTIFY in flight goes before the STOP
-		c.sendStop(reg.key)
+		c.wmu.Lock()
+		notified := reg.notified // no sync starts once reg is out of c.regs
+		c.wmu.Unlock()
+		if notified {
+			c.sendStop(reg.key)
+		}
 		c.wmu.Lock()
 		delete(c.stopping, reg.key)
 		c.wmu.Unlock()
