@@ -652,15 +652,20 @@ const handoverCountRounds = 20
 //     (one per request executed) in handoverCountRounds more rounds after
 //     the timed ones, in which the spy follows both clients all along (and
 //     syncs after each round, so a late response counts too).
-//   - store-cpu-us/handover: the store process's CPU time (storeCPU) in the
-//     timed rounds, from the SUBACK to the parking and from the UNSUBACK to
-//     the waiter's Lock returning: the round's requests, their
-//     notifications and the spy's copies of the responses up to the parking
-//     (two per round on every side of BenchmarkHandover), but not the
-//     spy's SUBSCRIBE and UNSUBSCRIBE. Not reported with an external store.
+//   - store-cpu-us/handover: the store process's CPU time (storeCPU) over
+//     the timed rounds, all of it (the round's requests, their
+//     notifications and what trails them), less spy-cpu-us/handover, per
+//     round. It still holds the spy's copies of the responses up to the
+//     parking: two per round for dsslock-queue (the rejoin's, the holder's
+//     answer) and for sdk (KEYNOTIFY's, the refused SET's), three for a
+//     dsslock waiter that races (the refused SET's, KEYNOTIFY's, the GET's).
+//   - spy-cpu-us/handover: the store's CPU time for the spy's SUBSCRIBE and
+//     UNSUBSCRIBE of a round, measured after the timed rounds by as many
+//     pairs of them with both clients idle.
 //
-// Both sides are measured by this same code, against the same store, with
-// nothing else running on it.
+// The store CPU metrics are not reported with an external store. Both sides
+// are measured by this same code, against the same store, with nothing else
+// running on it.
 //
 // Two untimed rounds come first, so that each client has waited once and
 // held once, as in every later round (dsslock's queued Lock has then its
@@ -697,53 +702,56 @@ func handover(b *testing.B, e *env, ls [2]locker, rule parkRule) {
 		}
 		return end.Sub(start)
 	}
-	// once runs a round with the spy subscribed up to the parking. The
-	// store's CPU is counted from resume to pause: resume runs after the
-	// SUBACK and after the UNSUBACK, pause at the parking (before the
-	// UNSUBSCRIBE); the caller pauses after the round.
-	once := func(rule parkRule, resume, pause func()) time.Duration {
+	// once runs a round with the spy subscribed up to the parking.
+	once := func(rule parkRule) time.Duration {
 		holder, waiter := ls[i%2], ls[(i+1)%2]
 		i++
 		r := newRound(rule)
 		if err := sp.subscribe(ctx, r.sinks(holder, waiter)); err != nil {
 			b.Fatal(err)
 		}
-		resume()
 		return play(r, holder, waiter, func() {
-			pause()
 			if err := sp.unfollow(ctx, holder.id, waiter.id); err != nil {
 				b.Fatal(err)
 			}
-			resume()
 		})
 	}
-	var cpu, mark time.Duration
-	cpuOK := true
-	readCPU := func() time.Duration {
-		d, ok := storeCPU()
-		cpuOK = cpuOK && ok
-		return d
-	}
-	resume := func() { mark = readCPU() }
-	pause := func() { cpu += readCPU() - mark }
 
 	if err := ls[0].lock(ctx); err != nil {
 		b.Fatal(err)
 	}
-	once(parkAfterWatch, resume, pause)
-	once(rule, resume, pause)
-	cpu = 0
+	once(parkAfterWatch)
+	once(rule)
 
 	// The timed rounds.
+	cpu0, cpuOK := storeCPU()
 	ds := make([]time.Duration, 0, b.N)
 	b.ReportAllocs()
 	for b.Loop() {
-		ds = append(ds, once(rule, resume, pause))
-		pause()
+		ds = append(ds, once(rule))
 	}
+	cpu1, ok := storeCPU()
+	cpuOK = cpuOK && ok
 	reportPercentiles(b, ds, "ms")
+
+	// What the spy's SUBSCRIBE and UNSUBSCRIBE cost the store, as many as
+	// in the timed rounds, with both clients idle.
+	spy0, ok := storeCPU()
+	cpuOK = cpuOK && ok
+	for range ds {
+		if err := sp.subscribe(ctx, newRound(rule).sinks(ls[0], ls[1])); err != nil {
+			b.Fatal(err)
+		}
+		if err := sp.unfollow(ctx, ls[0].id, ls[1].id); err != nil {
+			b.Fatal(err)
+		}
+	}
+	spy1, ok := storeCPU()
+	cpuOK = cpuOK && ok
 	if cpuOK {
-		b.ReportMetric(float64(cpu)/float64(time.Microsecond)/float64(len(ds)), "store-cpu-us/handover")
+		us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / float64(len(ds)) }
+		b.ReportMetric(us(cpu1-cpu0)-us(spy1-spy0), "store-cpu-us/handover")
+		b.ReportMetric(us(spy1-spy0), "spy-cpu-us/handover")
 	}
 
 	// The counted rounds.
