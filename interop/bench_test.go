@@ -633,6 +633,9 @@ func storeCPU() (d time.Duration, ok bool) {
 	return d, true
 }
 
+// handoverWarmRounds is how many untimed rounds come first.
+const handoverWarmRounds = 50
+
 // handoverCountRounds is how many rounds, after the timed ones, count the
 // requests of a handover.
 const handoverCountRounds = 20
@@ -667,11 +670,15 @@ const handoverCountRounds = 20
 // are measured by this same code, against the same store, with nothing else
 // running on it.
 //
-// Two untimed rounds come first, so that each client has waited once and
-// held once, as in every later round (dsslock's queued Lock has then its
-// inbox watched and, locking again, rejoins the Lock it handed the lock to).
-// The first one parks by parkAfterWatch whatever rule says: its holder took
-// a free key, so it keeps no queue yet and answers no join.
+// handoverWarmRounds untimed rounds come first: after the first two, each
+// client has waited once and held once, as in every later round (dsslock's
+// queued Lock has then its inbox watched and, locking again, rejoins the
+// Lock it handed the lock to); the others warm the store process, so that
+// the first sub-benchmark of a run does not pay for its start (its store
+// CPU per handover came out about a tenth higher in the first place of the
+// run than in the second without them). The first round parks by
+// parkAfterWatch whatever rule says: its holder took a free key, so it keeps
+// no queue yet and answers no join.
 func handover(b *testing.B, e *env, ls [2]locker, rule parkRule) {
 	ctx := e.ctx
 	sp := e.newSpy()
@@ -721,7 +728,9 @@ func handover(b *testing.B, e *env, ls [2]locker, rule parkRule) {
 		b.Fatal(err)
 	}
 	once(parkAfterWatch)
-	once(rule)
+	for range handoverWarmRounds - 1 {
+		once(rule)
+	}
 
 	// The timed rounds.
 	cpu0, cpuOK := storeCPU()
