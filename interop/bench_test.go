@@ -268,9 +268,9 @@ func (s *spy) subscribe(ctx context.Context, sinks map[string]sink) error {
 }
 
 // unfollow unsubscribes from the responses of the clients ids, in one
-// UNSUBSCRIBE. Once it returns, the spy has been given every response the
-// store published to them before it took the UNSUBSCRIBE (the broker sends
-// a connection's packets in order).
+// UNSUBSCRIBE. Responses the store published before it took the UNSUBSCRIBE
+// may still be on their way to the sinks when it returns: sync waits for
+// them.
 func (s *spy) unfollow(ctx context.Context, ids ...string) error {
 	topics := make([]string, len(ids))
 	s.mu.Lock()
