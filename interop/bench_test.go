@@ -16,8 +16,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -102,8 +105,16 @@ type spy struct {
 	c *paho.Client
 
 	mu   sync.Mutex
-	subs map[string]*tally // by response topic segment
+	subs map[string]sink // by response topic segment
+
+	// syncTopic is the spy's own topic, which it subscribes to: sync
+	// publishes a mark there and waits for it (synced).
+	syncTopic string
+	synced    chan struct{}
 }
+
+// sink gets the payload of each response the spy sees for one client.
+type sink interface{ add(payload []byte) }
 
 // respSegment is the second level of the SDK client's response topic,
 // "clients/<upper-case hex of the client id>/statestore/.../response".
@@ -171,7 +182,8 @@ func (e *env) newSpy() *spy {
 	if err != nil {
 		e.t.Fatalf("spy: %v", err)
 	}
-	s := &spy{subs: make(map[string]*tally)}
+	id := "spy-" + randHex(4)
+	s := &spy{subs: make(map[string]sink), syncTopic: "bench/" + id + "/sync", synced: make(chan struct{}, 1)}
 	s.c = paho.NewClient(paho.ClientConfig{
 		Conn: packets.NewThreadSafeConn(conn),
 		OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(pr paho.PublishReceived) (bool, error) {
@@ -179,8 +191,11 @@ func (e *env) newSpy() *spy {
 			return true, nil
 		}},
 	})
-	if _, err := s.c.Connect(e.ctx, &paho.Connect{ClientID: "spy-" + randHex(4), KeepAlive: 60, CleanStart: true}); err != nil {
+	if _, err := s.c.Connect(e.ctx, &paho.Connect{ClientID: id, KeepAlive: 60, CleanStart: true}); err != nil {
 		e.t.Fatalf("spy: connect: %v", err)
+	}
+	if _, err := s.c.Subscribe(e.ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: s.syncTopic, QoS: 0}}}); err != nil {
+		e.t.Fatalf("spy: subscribe: %v", err)
 	}
 	e.t.Cleanup(func() {
 		_ = s.c.Disconnect(&paho.Disconnect{})
@@ -190,6 +205,13 @@ func (e *env) newSpy() *spy {
 }
 
 func (s *spy) seen(p *paho.Publish) {
+	if p.Topic == s.syncTopic {
+		select {
+		case s.synced <- struct{}{}:
+		default:
+		}
+		return
+	}
 	rest, ok := strings.CutPrefix(p.Topic, "clients/")
 	if !ok {
 		return
@@ -209,31 +231,88 @@ func (s *spy) seen(p *paho.Publish) {
 // reaches the tally; none from before reaches it (the previous tally of id,
 // if any, is dropped).
 func (s *spy) follow(ctx context.Context, id string) (*tally, error) {
-	if id == "statestore" || strings.ContainsAny(id, "/+#") {
-		return nil, fmt.Errorf("spy: cannot follow client id %q", id)
-	}
 	t := &tally{parked: make(chan struct{})}
-	s.mu.Lock()
-	s.subs[id] = t
-	s.mu.Unlock()
-	sa, err := s.c.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: "clients/" + id + "/#", QoS: 0}}})
-	if err != nil {
-		return nil, fmt.Errorf("spy: subscribe: %w", err)
-	}
-	if len(sa.Reasons) != 1 || sa.Reasons[0] > 2 {
-		return nil, fmt.Errorf("spy: subscription to %s refused: %v", id, sa.Reasons)
+	if err := s.subscribe(ctx, map[string]sink{id: t}); err != nil {
+		return nil, err
 	}
 	return t, nil
 }
 
-// unfollow unsubscribes from id's responses.
-func (s *spy) unfollow(ctx context.Context, id string) error {
+// subscribe is follow for several clients at once, in one SUBSCRIBE: each
+// response to the client whose topics start with "clients/<id>/" goes to
+// sinks[id].
+func (s *spy) subscribe(ctx context.Context, sinks map[string]sink) error {
+	subs := make([]paho.SubscribeOptions, 0, len(sinks))
+	for id := range sinks {
+		if id == "statestore" || strings.ContainsAny(id, "/+#") {
+			return fmt.Errorf("spy: cannot follow client id %q", id)
+		}
+		subs = append(subs, paho.SubscribeOptions{Topic: "clients/" + id + "/#", QoS: 0})
+	}
 	s.mu.Lock()
-	delete(s.subs, id)
+	maps.Copy(s.subs, sinks)
 	s.mu.Unlock()
-	_, err := s.c.Unsubscribe(ctx, &paho.Unsubscribe{Topics: []string{"clients/" + id + "/#"}})
+	sa, err := s.c.Subscribe(ctx, &paho.Subscribe{Subscriptions: subs})
+	if err != nil {
+		return fmt.Errorf("spy: subscribe: %w", err)
+	}
+	if len(sa.Reasons) != len(subs) {
+		return fmt.Errorf("spy: %d answers to %d subscriptions", len(sa.Reasons), len(subs))
+	}
+	for i, r := range sa.Reasons {
+		if r > 2 {
+			return fmt.Errorf("spy: subscription %s refused: %v", subs[i].Topic, r)
+		}
+	}
+	return nil
+}
+
+// unfollow unsubscribes from the responses of the clients ids, in one
+// UNSUBSCRIBE. Responses the store published before it took the UNSUBSCRIBE
+// may still be on their way to the sinks when it returns: sync waits for
+// them.
+func (s *spy) unfollow(ctx context.Context, ids ...string) error {
+	topics := make([]string, len(ids))
+	s.mu.Lock()
+	for i, id := range ids {
+		delete(s.subs, id)
+		topics[i] = "clients/" + id + "/#"
+	}
+	s.mu.Unlock()
+	_, err := s.c.Unsubscribe(ctx, &paho.Unsubscribe{Topics: topics})
 	return err
 }
+
+// sync returns once the spy has handled every response the store sent it
+// before it took sync's mark: the spy publishes the mark to its own topic
+// and waits for it, and it handles what it gets in the order the broker
+// sent it. One sync at a time.
+func (s *spy) sync(ctx context.Context) error {
+	select {
+	case <-s.synced: // a mark from an earlier sync that timed out
+	default:
+	}
+	if _, err := s.c.Publish(ctx, &paho.Publish{Topic: s.syncTopic, QoS: 1, Payload: []byte("mark")}); err != nil {
+		return fmt.Errorf("spy: sync: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, waitTimeout)
+	defer cancel()
+	select {
+	case <-s.synced:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("spy: sync: the mark did not come back: %w", ctx.Err())
+	}
+}
+
+// parking is what awaitParked waits on: a channel closed once the waiter
+// parked, and a description of what was seen, for a failure message.
+type parking interface {
+	parkedCh() <-chan struct{}
+	String() string
+}
+
+func (t *tally) parkedCh() <-chan struct{} { return t.parked }
 
 // awaitParked waits until t has seen the waiter park: the store answered
 // the waiter's first request after answering "+OK" to its KEYNOTIFY. Both
@@ -241,16 +320,16 @@ func (s *spy) unfollow(ctx context.Context, id string) error {
 // KEYNOTIFY, and the GET that starts the watch; the SDK: KEYNOTIFY, SET),
 // so from then on the key's deletion can only reach the waiter as a
 // notification, and that notification travels behind that answer on the
-// waiter's connection. It fails if the waiter's Lock returns (returned)
-// first.
-func awaitParked(ctx context.Context, t *tally, returned <-chan struct{}) error {
+// waiter's connection. (A round's own rule, parkRule, may say otherwise.)
+// It fails if the waiter's Lock returns (returned) first.
+func awaitParked(ctx context.Context, t parking, returned <-chan struct{}) error {
 	// Longer than the clients' request timeouts (10 s), so that a stall
 	// shows what followed it.
 	const parkTimeout = 3 * waitTimeout
 	ctx, cancel := context.WithTimeout(ctx, parkTimeout)
 	defer cancel()
 	select {
-	case <-t.parked:
+	case <-t.parkedCh():
 		return nil
 	case <-returned:
 		return errors.New("the waiter's Lock returned while the holder held the lock")
@@ -416,29 +495,196 @@ type locker struct {
 	unlock func(context.Context) error
 }
 
-// handover times, round after round, from the start of the holder's Unlock
-// to the waiter's Lock returning, between two clients whose roles swap every
-// round. Before the holder lets go, the waiter is parked on its watch: the
-// spy has seen the store answer the waiter's request after its KEYNOTIFY
-// (see awaitParked), the same signal for both sides. The spy is
-// subscribed only during that wait (SUBACK before the waiter starts, UNSUBACK
-// before the clock starts), so the timed part carries no extra traffic.
-func handover(b *testing.B, e *env, ls [2]locker) {
+// parkRule says when a round's waiter is parked, from the responses the spy
+// sees to both clients.
+type parkRule int
+
+const (
+	// parkAfterWatch: the waiter's first response after its first "+OK",
+	// as in awaitParked. For a waiter that sleeps on the key's watch: the
+	// SDK's leasedlock, dsslock's racing waiters (Config.Race) and leader.
+	parkAfterWatch parkRule = iota
+	// parkHolderAnswered: the holder's first response in the round. For
+	// dsslock's default Lock, whose waiter queues (docs/design/queue.md): it
+	// joins by writing its record to the holder's inbox key (msgJoin, or
+	// msgRejoin without a read when the holder is the Lock it handed the
+	// lock to), and the holder answers every join with one write to the
+	// waiter's inbox (msgHead or msgAck, queue.md 4.1), after it put the
+	// waiter in its queue. Once the store answered that write, the holder's
+	// Unlock hands the waiter the turn, and the waiter sends nothing more
+	// before it. The holder sends nothing else meanwhile: no renewal falls
+	// in a round of a one-minute lease, and a holder that took the lock with
+	// the turn has no roll call to make.
+	parkHolderAnswered
+)
+
+// round is what the spy saw of one handover round: the responses to its
+// holder and its waiter.
+type round struct {
+	rule parkRule
+
+	mu     sync.Mutex
+	n      int  // responses to both (= requests they made)
+	sawOK  bool // the waiter got a "+OK"
+	parked chan struct{}
+	seen   []string // the first responses, abridged, for a failure message
+}
+
+func newRound(rule parkRule) *round { return &round{rule: rule, parked: make(chan struct{})} }
+
+func (r *round) add(holder bool, payload []byte) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.n++
+	if len(r.seen) < 24 {
+		who := "waiter"
+		if holder {
+			who = "holder"
+		}
+		r.seen = append(r.seen, fmt.Sprintf("%s:%.12q", who, payload))
+	}
+	park := false
+	switch r.rule {
+	case parkAfterWatch:
+		switch {
+		case holder:
+		case r.sawOK:
+			park = true
+		case bytes.Equal(payload, respOK):
+			r.sawOK = true
+		}
+	case parkHolderAnswered:
+		park = holder
+	}
+	if park {
+		select {
+		case <-r.parked:
+		default:
+			close(r.parked)
+		}
+	}
+}
+
+func (r *round) parkedCh() <-chan struct{} { return r.parked }
+
+func (r *round) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.n
+}
+
+func (r *round) String() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return fmt.Sprintf("%d responses: %s", r.n, strings.Join(r.seen, " "))
+}
+
+// roundSide is one client's responses, as a sink of the spy's.
+type roundSide struct {
+	r      *round
+	holder bool
+}
+
+func (s roundSide) add(payload []byte) { s.r.add(s.holder, payload) }
+
+// sinks routes the holder's and the waiter's responses to r.
+func (r *round) sinks(holder, waiter locker) map[string]sink {
+	return map[string]sink{holder.id: roundSide{r, true}, waiter.id: roundSide{r, false}}
+}
+
+// route points the spy's existing subscriptions of the clients in sinks at
+// new sinks, with no request to the broker.
+func (s *spy) route(sinks map[string]sink) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	maps.Copy(s.subs, sinks)
+}
+
+// storeCPU returns the CPU time the store process has used so far: the sum
+// of its threads' run times, /proc/<pid>/task/*/schedstat, in nanoseconds
+// (/proc/<pid>/stat counts 10 ms ticks, too coarse for a handover). A thread
+// that ends takes its time with it; the Go runtime hardly ever ends one.
+// ok is false when the store is not this suite's child
+// (DSSLOCK_STATESTORE_ADDR) or the file cannot be read (not Linux).
+func storeCPU() (d time.Duration, ok bool) {
+	if storePID == 0 {
+		return 0, false
+	}
+	dir := fmt.Sprintf("/proc/%d/task", storePID)
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, false
+	}
+	for _, t := range tasks {
+		b, err := os.ReadFile(dir + "/" + t.Name() + "/schedstat")
+		if err != nil {
+			continue // the thread ended
+		}
+		f := strings.Fields(string(b))
+		if len(f) == 0 {
+			return 0, false
+		}
+		ns, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			return 0, false
+		}
+		d += time.Duration(ns)
+	}
+	return d, true
+}
+
+// handoverWarmRounds is how many untimed rounds come first.
+const handoverWarmRounds = 50
+
+// handoverCountRounds is how many rounds, after the timed ones, count the
+// requests of a handover.
+const handoverCountRounds = 20
+
+// handover measures, round after round, the handover of a lock between two
+// clients whose roles swap every round: the holder holds; the waiter calls
+// Lock (on a goroutine) and parks, which the spy sees (rule, see parkRule;
+// the spy follows both clients' responses); then the holder calls Unlock.
+// Reported:
+//
+//   - p50-ms, p99-ms: from the start of the holder's Unlock to the waiter's
+//     Lock returning. The spy subscribes (one SUBSCRIBE for both clients)
+//     before the waiter starts and unsubscribes (UNSUBACK) before the clock
+//     starts, so the timed part carries no extra traffic.
+//   - reqs/handover: every request both clients made, the waiter's entry
+//     and the handover, counted from outside as the store's responses
+//     (one per request executed) in handoverCountRounds more rounds after
+//     the timed ones, in which the spy follows both clients all along (and
+//     syncs after each round, so a late response counts too).
+//   - store-cpu-us/handover: the store process's CPU time (storeCPU) over
+//     the timed rounds, all of it (the round's requests, their
+//     notifications and what trails them), less spy-cpu-us/handover, per
+//     round. It still holds the spy's copies of the responses up to the
+//     parking: two per round for dsslock-queue (the rejoin's, the holder's
+//     answer) and for sdk (KEYNOTIFY's, the refused SET's), three for a
+//     dsslock waiter that races (the refused SET's, KEYNOTIFY's, the GET's).
+//   - spy-cpu-us/handover: the store's CPU time for the spy's SUBSCRIBE and
+//     UNSUBSCRIBE of a round, measured after the timed rounds by as many
+//     pairs of them with both clients idle.
+//
+// The store CPU metrics are not reported with an external store. Both sides
+// are measured by this same code, against the same store, with nothing else
+// running on it.
+//
+// handoverWarmRounds untimed rounds come first: after the first two, each
+// client has waited once and held once, as in every later round (dsslock's
+// queued Lock has then its inbox watched and, locking again, rejoins the
+// Lock it handed the lock to); the others warm the store process, so that
+// the first sub-benchmark of a run does not pay for its start (its store
+// CPU per handover came out about a tenth higher in the first place of the
+// run than in the second without them). The first round parks by
+// parkAfterWatch whatever rule says: its holder took a free key, so it keeps
+// no queue yet and answers no join.
+func handover(b *testing.B, e *env, ls [2]locker, rule parkRule) {
 	ctx := e.ctx
 	sp := e.newSpy()
-	if err := ls[0].lock(ctx); err != nil {
-		b.Fatal(err)
-	}
-	ds := make([]time.Duration, 0, b.N)
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		holder, waiter := ls[i%2], ls[(i+1)%2]
-		i++
-		t, err := sp.follow(ctx, waiter.id)
-		if err != nil {
-			b.Fatal(err)
-		}
+	i := 0 // rounds so far: ls[i%2] holds
+	// play runs one round; atPark runs between the parking and the Unlock.
+	play := func(r *round, holder, waiter locker, atPark func()) time.Duration {
 		got := make(chan time.Time, 1)
 		returned := make(chan struct{})
 		var lockErr error
@@ -447,11 +693,11 @@ func handover(b *testing.B, e *env, ls [2]locker) {
 			lockErr = waiter.lock(ctx)
 			got <- time.Now()
 		}()
-		if err := awaitParked(ctx, t, returned); err != nil {
+		if err := awaitParked(ctx, r, returned); err != nil {
 			b.Fatal(err)
 		}
-		if err := sp.unfollow(ctx, waiter.id); err != nil {
-			b.Fatal(err)
+		if atPark != nil {
+			atPark()
 		}
 		start := time.Now()
 		if err := holder.unlock(ctx); err != nil {
@@ -461,29 +707,134 @@ func handover(b *testing.B, e *env, ls [2]locker) {
 		if lockErr != nil {
 			b.Fatalf("waiter's Lock: %v", lockErr)
 		}
-		ds = append(ds, end.Sub(start))
+		return end.Sub(start)
 	}
+	// once runs a round with the spy subscribed up to the parking.
+	once := func(rule parkRule) time.Duration {
+		holder, waiter := ls[i%2], ls[(i+1)%2]
+		i++
+		r := newRound(rule)
+		if err := sp.subscribe(ctx, r.sinks(holder, waiter)); err != nil {
+			b.Fatal(err)
+		}
+		return play(r, holder, waiter, func() {
+			if err := sp.unfollow(ctx, holder.id, waiter.id); err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+
+	if err := ls[0].lock(ctx); err != nil {
+		b.Fatal(err)
+	}
+	once(parkAfterWatch)
+	for range handoverWarmRounds - 1 {
+		once(rule)
+	}
+
+	// The timed rounds.
+	cpu0, cpuOK := storeCPU()
+	ds := make([]time.Duration, 0, b.N)
+	b.ReportAllocs()
+	for b.Loop() {
+		ds = append(ds, once(rule))
+	}
+	cpu1, ok := storeCPU()
+	cpuOK = cpuOK && ok
 	reportPercentiles(b, ds, "ms")
+
+	// What the spy's SUBSCRIBE and UNSUBSCRIBE cost the store, as many as
+	// in the timed rounds, with both clients idle.
+	spy0, ok := storeCPU()
+	cpuOK = cpuOK && ok
+	for range ds {
+		if err := sp.subscribe(ctx, newRound(rule).sinks(ls[0], ls[1])); err != nil {
+			b.Fatal(err)
+		}
+		if err := sp.unfollow(ctx, ls[0].id, ls[1].id); err != nil {
+			b.Fatal(err)
+		}
+	}
+	spy1, ok := storeCPU()
+	cpuOK = cpuOK && ok
+	if cpuOK {
+		us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / float64(len(ds)) }
+		b.ReportMetric(us(cpu1-cpu0)-us(spy1-spy0), "store-cpu-us/handover")
+		b.ReportMetric(us(spy1-spy0), "spy-cpu-us/handover")
+	}
+
+	// The counted rounds.
+	var rs []*round
+	for k := range handoverCountRounds {
+		holder, waiter := ls[i%2], ls[(i+1)%2]
+		i++
+		r := newRound(rule)
+		if k == 0 {
+			if err := sp.subscribe(ctx, r.sinks(holder, waiter)); err != nil {
+				b.Fatal(err)
+			}
+		} else {
+			sp.route(r.sinks(holder, waiter))
+		}
+		play(r, holder, waiter, nil)
+		if err := sp.sync(ctx); err != nil {
+			b.Fatal(err)
+		}
+		rs = append(rs, r)
+	}
+	if err := sp.unfollow(ctx, ls[0].id, ls[1].id); err != nil {
+		b.Fatal(err)
+	}
+	if err := sp.sync(ctx); err != nil {
+		b.Fatal(err)
+	}
+	n := 0
+	for _, r := range rs {
+		n += r.count()
+	}
+	b.ReportMetric(float64(n)/handoverCountRounds, "reqs/handover")
 }
 
 // BenchmarkHandover: see handover. Both hold the lock for a minute (no
-// renewal falls in a round). dsslock's waiter wakes on the DELETE
-// notification and sends one SET NEX PX; the SDK's does the same and then
-// KEYNOTIFY STOP, which its Lock waits for before it returns.
+// renewal falls in a round).
+//
+//   - dsslock-queue: lock's default Lock, whose waiters queue
+//     (docs/design/queue.md); parkHolderAnswered. Locking again, the waiter
+//     rejoins the Lock it handed the lock to (a SET of its inbox) and the
+//     holder tells it to watch the key (a SET); the holder's Unlock sends
+//     the turn (a SET of the waiter's inbox) and a VDEL; the waiter, which
+//     kept its watch of the key, then sends one SET NEX PX.
+//   - dsslock: Config.Race, waiters that race as the SDK's do;
+//     parkAfterWatch.
+//   - dsslock-leader: leader.Campaign and Term.Resign; parkAfterWatch.
+//   - sdk: leasedlock.Lock and Unlock; parkAfterWatch. The waiter sends
+//     KEYNOTIFY and a refused SET NX PX, wakes on the DELETE notification of
+//     the holder's VDEL, sends a SET NX PX and then KEYNOTIFY STOP, which its
+//     Lock waits for before it returns.
 func BenchmarkHandover(b *testing.B) {
+	b.Run("dsslock-queue", func(b *testing.B) {
+		e := newBenchEnv(b)
+		name := e.key("l")
+		var ls [2]locker
+		for j := range ls {
+			c := e.ourClient(fmt.Sprintf("handover%d", j))
+			l := e.ourLock(c, lock.Config{Name: name, TTL: time.Minute})
+			ls[j] = locker{id: c.ID(), lock: l.Lock, unlock: l.Unlock}
+		}
+		handover(b, e, ls, parkHolderAnswered)
+	})
 	b.Run("dsslock", func(b *testing.B) {
 		e := newBenchEnv(b)
 		name := e.key("l")
 		var ls [2]locker
 		for j := range ls {
 			c := e.ourClient(fmt.Sprintf("handover%d", j))
-			// Race: the SDK's waiters race, and the parking signal (a
-			// refused SET after the KEYNOTIFY) is a racing waiter's; the
-			// queue's own handover is lock's BenchmarkHandover.
+			// Race: waiters that race, as the SDK's do (dsslock-queue is
+			// the default Lock).
 			l := e.ourLock(c, lock.Config{Name: name, TTL: time.Minute, Race: true})
 			ls[j] = locker{id: c.ID(), lock: l.Lock, unlock: l.Unlock}
 		}
-		handover(b, e, ls)
+		handover(b, e, ls, parkAfterWatch)
 	})
 	// Resign to new leader (package leader): the follower wakes on the
 	// DELETE and sends two SETs, the one that takes the key and the fenced
@@ -505,7 +856,7 @@ func BenchmarkHandover(b *testing.B) {
 				unlock: func(ctx context.Context) error { return term.Resign(ctx) },
 			}
 		}
-		handover(b, e, ls)
+		handover(b, e, ls, parkAfterWatch)
 	})
 	b.Run("sdk", func(b *testing.B) {
 		e := newBenchEnv(b)
@@ -520,7 +871,7 @@ func BenchmarkHandover(b *testing.B) {
 				unlock: func(ctx context.Context) error { return l.Unlock(ctx) },
 			}
 		}
-		handover(b, e, ls)
+		handover(b, e, ls, parkAfterWatch)
 	})
 }
 
