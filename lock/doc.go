@@ -106,7 +106,7 @@
 //	handover to the next waiter       about 4 requests, a few ms
 //	UnlockTo a racing waiter          3 requests (the reservation, the waiter's 2 SETs), about 1 ms
 //	takeover after a holder crashed   about TTL after its last renewal (Config)
-//	Semaphore Acquire and Release     4 requests when a slot is free (5 after a holding)
+//	Semaphore Acquire and Release     4 requests when a slot is free
 //	RWMutex RLock and RUnlock         about 7 requests; Lock and Unlock about 6 + MaxReaders
 //
 // A Semaphore participant that held or waited within a TTL first reads the
