@@ -48,16 +48,15 @@ func patientCtx(t *testing.T) context.Context {
 // then fails).
 func TestReviewSemaphoreGateReadWaitsOutLostAnswer(t *testing.T) {
 	srv := startStore(t)
-	stopped := make(chan struct{}, 8)
+	notified, stopped := make(chan struct{}, 8), make(chan struct{}, 8)
 	c, err := sskv.Dial(testCtx(t), sskv.Config{
 		Addr: srv.Addr(), ClientID: storetest.ID(t),
 		ReconnectMin: 10 * time.Millisecond, ReconnectMax: 100 * time.Millisecond,
 		Metrics: sskv.Metrics{Request: func(verb string, _ time.Duration, _ string) {
-			if verb == "KEYNOTIFY STOP" {
-				select {
-				case stopped <- struct{}{}:
-				default:
-				}
+			ch := map[string]chan struct{}{"KEYNOTIFY": notified, "KEYNOTIFY STOP": stopped}[verb]
+			select {
+			case ch <- struct{}{}:
+			default: // nil for other verbs
 			}
 		}},
 	})
@@ -70,17 +69,23 @@ func TestReviewSemaphoreGateReadWaitsOutLostAnswer(t *testing.T) {
 	if err := s.Acquire(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// The holding's watch of its slot starts in the background, and ends
+	// in the background after the release: its STOP must not be one of the
+	// requests whose answers are lost (a watch of the slot then waits for
+	// that STOP, up to the RequestTimeout). A watch released before its
+	// KEYNOTIFY went out sends no STOP: hold until it has gone out.
+	await := func(ch chan struct{}, what string) {
+		select {
+		case <-ch:
+		case <-time.After(waitTimeout):
+			t.Fatalf("the slot's watch did not %s", what)
+		}
+	}
+	await(notified, "start")
 	if err := s.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// The holding's watch of its slot ends in the background: its STOP
-	// must not be one of the requests whose answers are lost (a watch of
-	// the slot then waits for that STOP, up to the RequestTimeout).
-	select {
-	case <-stopped:
-	case <-time.After(waitTimeout):
-		t.Fatal("the slot's watch did not end")
-	}
+	await(stopped, "end")
 	// The record's read (the KEYNOTIFY of its watch, as the participant
 	// acquires again within a TTL) and the gate's GET lose their answers.
 	lifted := dropAnswers(srv, c.ID(), 2)
