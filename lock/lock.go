@@ -97,11 +97,11 @@ func (l *Lock) tryLock(ctx context.Context) (bool, error) {
 	if err := l.ls.Begin(ctx); err != nil {
 		return false, err
 	}
-	if err := ctx.Err(); err != nil {
+	if err := l.ls.Ended(ctx); err != nil {
 		// Close (or the caller) ended the call while it waited for the
 		// turn: the turn and the end came together.
 		l.ls.End()
-		return false, l.wrap("", l.ls.ClosedErr(ctx, err))
+		return false, l.wrap("", err)
 	}
 	cn, err := l.ls.Client().Connection(ctx)
 	if err != nil {
@@ -162,9 +162,9 @@ func (l *Lock) Lock(ctx context.Context) error {
 	if err := l.ls.Begin(ctx); err != nil {
 		return err
 	}
-	if err := ctx.Err(); err != nil { // as in tryLock
+	if err := l.ls.Ended(ctx); err != nil { // as in tryLock
 		l.ls.End()
-		return l.wrap("", l.ls.ClosedErr(ctx, err))
+		return l.wrap("", err)
 	}
 	if unknown, err := l.w.Wait(ctx); err != nil {
 		if unknown {

@@ -112,7 +112,11 @@ type Semaphore struct {
 	idle   *time.Timer
 	recOff bool
 
-	mu     sync.Mutex
+	mu sync.Mutex
+	// idling is closed when the idle timer's look at the record's watch
+	// (idleEnd), which may hold the turn for a moment, is over; nil when
+	// none runs.
+	idling chan struct{}
 	cur    *Lock // the slot of the latest holding; nil before the first
 	slot   int   // its number; -1 before the first
 	limit  int   // the record's limit, as last read (cfg.Limit before)
@@ -532,7 +536,19 @@ func (s *Semaphore) begin(ctx context.Context) error {
 		select {
 		case s.turn <- struct{}{}:
 		case <-ctx.Done():
-			return s.wrap("", ctx.Err())
+			// The idle timer holds the turn only for a moment: that is
+			// waited out all the same.
+			s.mu.Lock()
+			idling := s.idling
+			s.mu.Unlock()
+			if idling != nil {
+				<-idling
+			}
+			select {
+			case s.turn <- struct{}{}:
+			default:
+				return s.wrap("", ctx.Err())
+			}
 		}
 	}
 	if s.isClosed() {

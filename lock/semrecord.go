@@ -115,6 +115,10 @@ func (s *Semaphore) keep(ctx context.Context, i, n int, told bool) error {
 // with a store restart, which the client's resync tells) is known at once.
 type recordWatch struct {
 	w *sskv.Watcher // set once Watch has returned; read with the turn
+	// conn is the connection the watch was synced on: after a reconnect,
+	// it may tell a stale record until the client's resync of it is over,
+	// and it is not used (see watchRecord).
+	conn *sskv.Conn
 
 	mu    sync.Mutex
 	limit int  // the record's limit, as told last; 0: missing, not a record, or not told yet
@@ -158,13 +162,19 @@ func (r *recordWatch) isEnded() bool {
 // could not start. The caller has the turn.
 func (s *Semaphore) watchRecord(ctx context.Context) *recordWatch {
 	if s.rec != nil && !s.rec.isEnded() {
-		return s.rec
+		if s.rec.conn == s.connNow() {
+			return s.rec
+		}
+		// A reconnect since the watch was synced: until the client's
+		// resync of it is over, it may still tell what the record was
+		// before. A new watch starts synced on the current connection.
+		s.stopRecordWatch()
 	}
 	s.rec = nil
 	if s.recOff || !s.active() {
 		return nil
 	}
-	r := &recordWatch{}
+	r := &recordWatch{conn: s.connNow()}
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.RenewDeadline)
 	defer cancel()
 	w, err := s.c.Watch(rctx, s.cfg.Name, sskv.WithCallback(r.event, r.end), sskv.Detached())
@@ -174,7 +184,25 @@ func (s *Semaphore) watchRecord(ctx context.Context) *recordWatch {
 		return nil
 	}
 	r.w, s.rec = w, r
+	if r.conn == nil || r.conn != s.connNow() {
+		// Synced on another connection than the one it started on, or
+		// on none known: not to be trusted (see above).
+		s.stopRecordWatch()
+		return nil
+	}
 	return r
+}
+
+// connNow returns the client's current connection, without waiting for
+// one: nil if there is none.
+func (s *Semaphore) connNow() *sskv.Conn {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	cn, err := s.c.Connection(ctx)
+	if err != nil {
+		return nil
+	}
+	return cn
 }
 
 // stopRecordWatch ends the watch of the record, if any. The caller has the
@@ -190,6 +218,16 @@ func (s *Semaphore) stopRecordWatch() {
 // the turn was last taken, unless the participant holds a slot (then it
 // looks again a TTL later) or has the turn (whose end sets the timer again).
 func (s *Semaphore) idleEnd() {
+	done := make(chan struct{})
+	s.mu.Lock()
+	s.idling = done
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.idling = nil
+		s.mu.Unlock()
+		close(done)
+	}()
 	select {
 	case s.turn <- struct{}{}:
 	default:

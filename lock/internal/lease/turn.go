@@ -195,3 +195,19 @@ func (l *Lease) MarkClosed() {
 	l.closed = true
 	l.mu.Unlock()
 }
+
+// Ended returns why a TryLock or Lock call that has just taken the turn
+// must not go on: Close has started (ErrClosed; it sets that before it ends
+// the calls' contexts, one by one), or ctx has ended. Nil otherwise.
+func (l *Lease) Ended(ctx context.Context) error {
+	l.mu.Lock()
+	closing := l.closing
+	l.mu.Unlock()
+	if closing {
+		return ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return l.ClosedErr(ctx, err)
+	}
+	return nil
+}
