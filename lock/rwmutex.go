@@ -186,7 +186,7 @@ func (m *RWMutex) acquire(ctx context.Context, op string, write, try bool) (bool
 		}
 		var off time.Time // its connection's hold-off (lease.HoldOff), if it waits
 		if !try {
-			off = m.heldOffUntil(ctx)
+			off = m.heldOffUntil()
 		}
 		if !write && time.Now().Before(off) {
 			// Its connection came after an outage, and it may take no
@@ -216,7 +216,7 @@ func (m *RWMutex) acquire(ctx context.Context, op string, write, try bool) (bool
 			lost := err != nil && outage()
 			stop()
 			if heldOff && errors.Is(err, errBusy) || lost {
-				if err := m.leaveGate(ctx, m.heldOffUntil(ctx)); err != nil {
+				if err := m.leaveGate(ctx, m.heldOffUntil()); err != nil {
 					return false, m.wrap(op, err)
 				}
 				continue
@@ -226,7 +226,7 @@ func (m *RWMutex) acquire(ctx context.Context, op string, write, try bool) (bool
 			lost := held == nil && outage()
 			stop()
 			if lost && ctx.Err() == nil {
-				if err := m.leaveGate(ctx, m.heldOffUntil(ctx)); err != nil {
+				if err := m.leaveGate(ctx, m.heldOffUntil()); err != nil {
 					return false, m.wrap(op, err)
 				}
 				continue
@@ -278,9 +278,7 @@ func (m *RWMutex) acquire(ctx context.Context, op string, write, try bool) (bool
 // untilOutage returns a child of ctx that ends when the client's current
 // connection does, and a func that reports whether it ended so.
 func (m *RWMutex) untilOutage(ctx context.Context) (context.Context, func() bool, context.CancelFunc) {
-	rctx, rcancel := context.WithCancel(ctx)
-	rcancel() // the current connection, without waiting for one
-	cn, err := m.c.Connection(rctx)
+	cn, err := lease.ConnNow(m.c)
 	if err != nil {
 		return ctx, func() bool { return false }, func() {}
 	}
@@ -326,10 +324,8 @@ func (m *RWMutex) capWrite() {
 
 // heldOffUntil returns when the client's current connection lets a missing
 // slot be taken (lease.HoldOff); zero without a connection.
-func (m *RWMutex) heldOffUntil(ctx context.Context) time.Time {
-	rctx, cancel := context.WithCancel(ctx)
-	cancel() // the current connection, without waiting for one
-	cn, err := m.c.Connection(rctx)
+func (m *RWMutex) heldOffUntil() time.Time {
+	cn, err := lease.ConnNow(m.c)
 	if err != nil {
 		return time.Time{}
 	}

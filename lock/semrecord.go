@@ -193,15 +193,10 @@ func (s *Semaphore) watchRecord(ctx context.Context) *recordWatch {
 	return r
 }
 
-// connNow returns the client's current connection, without waiting for
-// one: nil if there is none.
+// connNow returns the client's current connection, or nil if there is
+// none.
 func (s *Semaphore) connNow() *sskv.Conn {
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	cn, err := s.c.Connection(ctx)
-	if err != nil {
-		return nil
-	}
+	cn, _ := lease.ConnNow(s.c)
 	return cn
 }
 

@@ -641,9 +641,7 @@ func (h *holding) releaseConn(ctx context.Context) (*sskv.Conn, context.Context,
 // down, or restarted elsewhere, or a test that closed it first): what they
 // would delete expires within its TTL.
 func (l *Lease) connNow(ctx context.Context) (*sskv.Conn, context.Context, func(), error) {
-	done, cancel := context.WithCancel(ctx)
-	cancel()
-	conn, err := l.c.Connection(done) // the current connection, without waiting
+	conn, err := ConnNow(l.c)
 	if err != nil {
 		if errors.Is(err, sskv.ErrClosed) {
 			return nil, nil, nil, err
@@ -652,6 +650,13 @@ func (l *Lease) connNow(ctx context.Context) (*sskv.Conn, context.Context, func(
 	}
 	ctx, stop := boundTo(ctx, conn)
 	return conn, ctx, stop, nil
+}
+
+// ConnNow returns c's current connection, without waiting for one.
+func ConnNow(c *sskv.Client) (*sskv.Conn, error) {
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	return c.Connection(done)
 }
 
 // boundTo returns ctx, ended also when conn is lost: a request bound to a
