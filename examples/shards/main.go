@@ -327,9 +327,14 @@ func (d *demo) drain(print bool) {
 }
 
 // until waits for cond, printing (or only tracking) the changes meanwhile.
+// It looks again at each change of a work, and at least once a TTL: cond
+// also reads what the groups tell of their members and terms, which can
+// settle after the last work has started.
 func (d *demo) until(cond func() bool, print bool) error {
 	limit := time.NewTimer(20*time.Second + 5*d.ttl)
 	defer limit.Stop()
+	again := time.NewTicker(d.ttl)
+	defer again.Stop()
 	for {
 		d.drain(print)
 		if cond() {
@@ -337,6 +342,7 @@ func (d *demo) until(cond func() bool, print bool) error {
 		}
 		select {
 		case <-d.notify:
+		case <-again.C:
 		case <-d.ctx.Done():
 			return d.ctx.Err()
 		case <-limit.C:
